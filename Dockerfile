@@ -1,0 +1,64 @@
+# parallel-lab trainer image: the project's pinned environment on top of the official PyTorch
+# CUDA runtime image. `docker compose up` runs `dvc repro` in it on the repository, which is
+# bind-mounted at /workspace (DVC needs the git repository, and dvc.lock, results/ and
+# reports/ must land on the host), so no project source is baked in beyond the installed
+# package.
+#
+# The base must carry exactly the torch/torchvision that requirements.lock pins: the build
+# checks it and fails otherwise. It follows PyTorch's tag scheme
+# <torch>-cuda<major.minor>-cudnn<N>-runtime; torch 2.14.1 from PyPI is built for CUDA 13.0
+# (nvidia-cuda-runtime 13.0.* in the lock) and cuDNN 9.
+ARG BASE_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DVC_NO_ANALYTICS=1
+
+# git: DVC works on the git repository and every MLflow run is tagged with its commit.
+# The distribution (and so git's package version) is the base image's choice, so an apt pin
+# could only break a BASE_IMAGE override; the Python environment is what is pinned.
+# safe.directory: the container may run under a uid that does not own the bind-mounted
+# repository (compose's user: is the host user's, but nothing enforces it); git and
+# libgit2 (pygit2, used by DVC) both read the system config.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends git \
+    && rm -rf /var/lib/apt/lists/* \
+    && git config --system --add safe.directory /workspace
+
+# The lock minus what the base image already provides: torch, torchvision and their CUDA
+# stack (triton, nvidia-*, cuda-*), so the image never downloads or replaces a second torch.
+# nvidia-ml-py is the project's own GPU-monitoring dependency, not part of that stack.
+# --no-deps: the lock is complete, and it keeps pip from "upgrading" torch behind our back.
+COPY requirements.lock /tmp/requirements.lock
+RUN { grep -v -E '^(torch|torchvision|triton|cuda-[a-z-]+|nvidia-[a-z0-9-]+)==' /tmp/requirements.lock; \
+      grep -E '^nvidia-ml-py==' /tmp/requirements.lock; } > /tmp/requirements.txt \
+    && python -m pip install --no-deps -r /tmp/requirements.txt \
+    && python -c "import importlib.metadata as m, re, sys; \
+pins = dict(re.findall(r'^(torch|torchvision)==(\S+)$', open('/tmp/requirements.lock').read(), re.M)); \
+have = {n: m.version(n).split('+')[0] for n in pins}; \
+sys.exit(0 if have == pins else f'BASE_IMAGE has {have}, requirements.lock pins {pins}')" \
+    && rm /tmp/requirements.txt /tmp/requirements.lock
+
+# The project itself, dependencies already in place; the base's setuptools (torch needs
+# >= 77) builds it, so nothing unpinned is downloaded for the build.
+COPY pyproject.toml README.md /tmp/parallel-lab/
+COPY pipeline /tmp/parallel-lab/pipeline
+RUN python -m pip install --no-deps --no-build-isolation /tmp/parallel-lab \
+    && rm -rf /tmp/parallel-lab
+
+# A non-root default user for `docker run`; compose runs the pipeline as the host user
+# instead, so files it writes into the bind-mounted repository are the user's own.
+RUN groupadd --gid 10001 app \
+    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash app \
+    && mkdir -p /workspace \
+    && chown app:app /workspace
+USER 10001:10001
+WORKDIR /workspace
+
+CMD ["dvc", "repro"]

@@ -1,0 +1,426 @@
+"""The source notes' training loop against the project's, on one machine, in one process.
+
+    python -m benchmarks.bench                                  # defaults for this device
+    python -m benchmarks.bench --width 8 --limit-train 6000     # the CPU run in the README
+
+Every row trains the project's ResNet-18 (at --width) with the same global batch on the same
+--limit-train training samples. The rows take turns epoch by epoch, so a change in machine
+load falls on all of them alike; each row's first --warmup epochs (torch.compile, cuDNN
+autotuning, allocator and worker start-up) are reported but not timed into the medians of
+the --epochs after them. Ratios between rows are medians of the ratios within each round.
+Only training is timed (no evaluation), as wall-clock time of the whole pass, data loading
+included, with the device synchronised at the end.
+
+Rows:
+  baseline          the notes' loop, faithfully: torchvision FashionMNIST, ToTensor per sample,
+                    DataLoader(shuffle, 4 workers), fp32 with PyTorch's default backend flags,
+                    plain SGD, loss and accuracy read back (.item()) every step; it keeps the
+                    last partial batch, as the notes do (throughput is per sample trained).
+  single_dataloader the project's `single`, data.loader=dataloader, params.yaml's settings.
+  single_fast       `single`, the device loader and the fastest settings (--fast).
+  ddp, fsdp, dp     world size 1 with --fast: the wrapper's overhead against `single` with the
+                    same effective settings (a wrapper that cannot take one runs without it,
+                    see notes, and is compared with a `single` that runs without it too).
+  single_fast+mlflow  single_fast with the project's MLflow tracker as the train stage runs it:
+                    system metrics sampled during the epoch, the epoch's metrics logged at its
+                    end, inside the timed epoch.
+
+MFU = FLOPs trained per second (fwd+bwd per image from FlopCounterMode) over the peak of the
+row's arithmetic: the datasheet dense peak for a GPU listed in GPU_PEAKS, else a matmul peak
+measured here (the CPU's, on all its threads). The table is printed and written as JSON to
+benchmarks/results/<machine>-<date>.json with the targets for this kind of device.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pipeline import strategies
+from pipeline.config import Config, flatten, load_config
+from pipeline.context import DistContext
+from pipeline.data import steps_per_epoch, to_device
+from pipeline.fetch import OUT_DIR, load_tensors
+from pipeline.loaders import torchvision_root
+from pipeline.model import build_model
+from pipeline.precision import build_precision, configure_backends
+from pipeline.train import StopRequest, build_training, sync, train_epoch
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+FULL_TRAIN = 60_000  # Fashion-MNIST's training set: what "s/epoch" targets refer to
+WRAPPERS = ("ddp", "fsdp", "dp")
+# Dense tensor-core peaks from NVIDIA's datasheets, FLOP/s (SXM parts; fp32 = non-tensor).
+GPU_PEAKS = {
+    "H100": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+}
+FAST = {  # --fast defaults: CPU chosen by measurement (README); GPU not measured in this task
+    "cpu": ["train.precision=bf16", "train.channels_last=true", "train.compile=true"],
+    "cuda": ["train.precision=bf16", "train.channels_last=true", "train.compile=true"],
+}
+TARGETS = {  # (name, row, bound): see `check_targets`
+    "cuda": [("steady epoch <= 1.0 s (60k images)", "epoch_s_60k", 1.0),
+             ("MFU >= 20%", "mfu", 0.20), ("single_fast >= 10x baseline", "speedup", 10.0),
+             ("ddp <= 1.03x single", "ddp", 1.03), ("fsdp <= 1.10x single", "fsdp", 1.10),
+             ("dp <= 1.02x single", "dp", 1.02), ("MLflow logging <= 1%", "logging", 1.01)],
+    "cpu": [("single_fast >= 2x baseline (1.5x at the very least)", "speedup", 2.0),
+            ("MLflow logging <= 1%", "logging", 1.01)],
+}
+
+
+class BaselineRow:
+    """The notes' d2l training loop (train_ch6 without its plotting), on the same model."""
+
+    name, precision, reference = "baseline", "fp32", None
+
+    def __init__(self, args, device: torch.device, raw_dir: Path):
+        from torchvision import datasets, transforms
+
+        with tempfile.TemporaryDirectory() as root:
+            dataset = datasets.FashionMNIST(torchvision_root(raw_dir, Path(root)), train=True,
+                                            transform=transforms.ToTensor())
+        dataset = torch.utils.data.Subset(dataset, range(min(len(dataset), args.limit_train)))
+        self.train_iter = torch.utils.data.DataLoader(dataset, args.batch_size, shuffle=True,
+                                                      num_workers=args.baseline_workers)
+        self.samples = len(dataset)
+        self.device = device
+        self.net = build_model(args.width, args.seed).to(device)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=args.lr)
+        self.loss = torch.nn.CrossEntropyLoss()
+        self.notes = [f"DataLoader workers: {args.baseline_workers}"]
+
+    def epoch(self) -> float:
+        if self.device.type == "cuda":  # PyTorch's defaults, which the notes ran with
+            torch.backends.cudnn.benchmark = False
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+        start = time.perf_counter()
+        self.net.train()
+        metric = [0.0, 0.0, 0]
+        for X, y in self.train_iter:
+            self.optimizer.zero_grad()
+            X, y = X.to(self.device), y.to(self.device)
+            y_hat = self.net(X)
+            loss = self.loss(y_hat, y)
+            loss.backward()
+            self.optimizer.step()
+            with torch.no_grad():
+                metric[0] += float(loss * X.shape[0])
+                metric[1] += float((y_hat.argmax(dim=1) == y).sum())
+                metric[2] += X.shape[0]
+        sync(self.device)
+        return time.perf_counter() - start
+
+
+class ProjectRow:
+    """One strategy exactly as pipeline.train sets it up and trains an epoch."""
+
+    reference: Optional[str] = None  # the row whose epoch time this one is compared with
+
+    def __init__(self, name: str, strategy: str, cfg: Config, ctx: DistContext, data,
+                 raw_dir: Path, tracker_dir: Optional[Path] = None):
+        self.name, self.cfg, self.ctx = name, cfg, ctx
+        torch.manual_seed(cfg.seed)
+        self.par, self.prec, self.loader, self.optimizer, self.loss_fn = build_training(
+            cfg, strategies.get(strategy), ctx, data, raw_dir)
+        self.precision = self.prec.name
+        self.effective = (self.prec.name, self.loader.channels_last,
+                          cfg.train.compile and self.par.forward is not None)
+        self.samples = self.loader.steps * cfg.train.batch_size
+        self.totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
+        self.stop = StopRequest()
+        self.notes = list(self.par.notes)
+        self.index, self.history = 0, []
+        self.tracker = None if tracker_dir is None else start_tracker(cfg, ctx, name, tracker_dir)
+
+    def epoch(self) -> float:
+        configure_backends(self.prec, self.ctx.device)  # rows differ in process-wide flags
+        start = time.perf_counter()
+        train_epoch(self.par, self.optimizer, self.loader, self.prec, self.loss_fn, self.cfg,
+                    self.index, 0, self.totals, self.stop, None, 0)
+        sync(self.ctx.device)
+        loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
+        self.totals.zero_()
+        self.index += 1
+        if self.tracker is not None:
+            seconds = time.perf_counter() - start
+            self.history.append({"epoch": self.index, "train_loss": loss_sum / count,
+                                 "train_acc": correct / count, "epoch_seconds": seconds,
+                                 "samples_per_s": self.samples / seconds})
+            self.tracker.sync(self.history)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.stop_system_metrics()
+            self.tracker.sync(self.history, finished=True)
+
+
+def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
+    """The train stage's tracker: a run in an MLflow store of its own (not the project's),
+    system metrics at report.system_metrics_interval_s."""
+    from pipeline.provenance import gpu_uuids
+    from pipeline.tracking import Tracker, base_tags
+
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory / 'mlflow.db'}"
+    tracker = Tracker(directory / "run.json", "bench", name, base_tags(), flatten(cfg),
+                      fingerprint=name)
+    tracker.sync([])
+    tracker.start_system_metrics(cfg.report.system_metrics_interval_s, gpu_uuids(ctx.gpus),
+                                 resume=False)
+    return tracker
+
+
+def flops_per_image(width: int) -> float:
+    """Forward + backward FLOPs of one training image (FlopCounterMode, on the meta device)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(width, 0).to("meta")
+    x = torch.empty(2, 1, 28, 28, device="meta")
+    y = torch.zeros(2, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / 2
+
+
+def measured_peak(device: torch.device, precision: str) -> float:
+    """Best of a few large square matmuls in this precision, FLOP/s."""
+    n = 8192 if device.type == "cuda" else 2048
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}.get(
+        precision, torch.float32)
+    configure_backends(build_precision(precision, device), device)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    best = float("inf")
+    for _ in range(6):
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def peak(device: torch.device, precision: str, cache: dict) -> tuple[float, str]:
+    if precision not in cache:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+        sheet = next((v for k, v in GPU_PEAKS.items() if k in name), {})
+        if precision in sheet:
+            cache[precision] = (sheet[precision], f"datasheet {name}")
+        else:
+            cache[precision] = (measured_peak(device, precision), "measured matmul")
+    return cache[precision]
+
+
+def machine(device: torch.device) -> tuple[str, dict]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {"cpu": cpu, "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        label = info["gpu"]
+    else:
+        label = f"cpu{os.cpu_count()}-{cpu}"
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-"), info
+
+
+def build_rows(args, cfg_for: Callable[[list[str]], Config], ctx: DistContext, data,
+               raw_dir: Path, work: Path) -> tuple[list, dict[str, str]]:
+    """The rows to time and, for rows that cannot run here, why not."""
+    rows, skipped = [BaselineRow(args, ctx.device, raw_dir)], {}
+    rows.append(ProjectRow("single_dataloader", "single", cfg_for(["data.loader=dataloader"]),
+                           ctx, data, raw_dir))
+    fast = ProjectRow("single_fast", "single", cfg_for(args.fast), ctx, data, raw_dir)
+    rows.append(fast)
+    references = {fast.effective: fast.name}
+    for name in WRAPPERS:
+        if name not in strategies.names():
+            skipped[name] = f"strategy {name!r} is not registered in pipeline/strategies"
+            continue
+        row = ProjectRow(name, name, cfg_for(args.fast), ctx, data, raw_dir)
+        rows.append(row)
+        if row.effective not in references:  # a `single` with what this wrapper really ran
+            precision, channels_last, compiled = row.effective
+            ref = ProjectRow(f"single_as_{name}", "single", cfg_for(
+                [*args.fast, f"train.precision={precision}",
+                 f"train.channels_last={str(channels_last).lower()}",
+                 f"train.compile={str(compiled).lower()}"]), ctx, data, raw_dir)
+            rows.append(ref)
+            references[ref.effective] = ref.name
+        row.reference = references[row.effective]
+    rows.append(ProjectRow("single_fast+mlflow", "single", cfg_for(args.fast), ctx, data,
+                           raw_dir, tracker_dir=work))
+    rows[-1].reference = fast.name
+    return rows, skipped
+
+
+def paired_ratio(times: dict[str, list[float]], row: str, ref: str) -> float:
+    """Median over rounds of row's epoch time / ref's epoch time in the same round."""
+    return statistics.median(a / b for a, b in zip(times[row], times[ref]))
+
+
+def check_targets(kind: str, table: dict[str, dict]) -> list[dict]:
+    fast = table["single_fast"]
+    values = {"epoch_s_60k": fast["epoch_s_60k"], "mfu": fast["mfu"],
+              "speedup": fast["speedup"], "logging": table["single_fast+mlflow"]["vs_ref"]}
+    values.update({w: table[w]["vs_ref"] for w in WRAPPERS if table.get(w, {}).get("vs_ref")})
+    out = []
+    for name, key, bound in TARGETS[kind]:
+        value = values.get(key)
+        lower_is_better = key in ("epoch_s_60k", "logging", *WRAPPERS)
+        if value is None:
+            status = "not measured"
+        elif lower_is_better:
+            status = "met" if value <= bound else "missed"
+        elif value >= bound:
+            status = "met"
+        else:
+            status = "met the 1.5x minimum only" if key == "speedup" and value >= 1.5 else "missed"
+        out.append({"target": name, "value": value, "bound": bound, "status": status})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--width", type=int, default=64 if cuda else 8)
+    parser.add_argument("--limit-train", type=int, default=FULL_TRAIN if cuda else 6000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed epochs per row")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per row")
+    parser.add_argument("--baseline-workers", type=int, default=4, help="the notes use 4")
+    parser.add_argument("--fast", nargs="*", default=FAST["cuda" if cuda else "cpu"],
+                        help="key=value settings of the fastest project rows")
+    parser.add_argument("--set", nargs="*", default=[],
+                        help="key=value settings for every project row")
+    parser.add_argument("--data", type=Path, default=OUT_DIR, help="the fetch stage's output")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    ctx = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0",) if cuda else ())
+    if cuda:
+        torch.cuda.set_device(device)
+    common = [f"model.width={args.width}", f"data.limit_train={args.limit_train}",
+              f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
+              f"seed={args.seed}", f"train.epochs={args.warmup + args.epochs}", *args.set]
+
+    def cfg_for(extra: list[str]) -> Config:
+        return load_config(REPO / "params.yaml", [*common, *extra])
+
+    data = to_device(load_tensors(args.data), device, args.limit_train, None)
+    if steps_per_epoch(len(data.train_labels), args.batch_size) == 0:
+        sys.exit(f"--limit-train {args.limit_train} is smaller than --batch-size")
+    raw_dir = args.data / "raw"
+    label, info = machine(device)
+    with tempfile.TemporaryDirectory() as work:
+        # one process group of one rank for ddp and fsdp; a file store needs no free port
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
+                                store=dist.FileStore(str(Path(work) / "store"), 1),
+                                device_id=device if cuda else None)
+        try:
+            load_before = os.getloadavg()
+            rows, skipped = build_rows(args, cfg_for, ctx, data, raw_dir, Path(work))
+            times: dict[str, list[float]] = {row.name: [] for row in rows}
+            for round_ in range(args.warmup + args.epochs):
+                for row in rows:
+                    seconds = row.epoch()
+                    times[row.name].append(seconds)
+                    print(f"bench: round {round_ + 1}/{args.warmup + args.epochs} {row.name}: "
+                          f"{seconds:.2f} s", file=sys.stderr, flush=True)
+            for row in rows:
+                getattr(row, "close", lambda: None)()
+            load_after = os.getloadavg()
+        finally:
+            dist.destroy_process_group()
+
+    flops = flops_per_image(args.width)
+    peaks: dict = {}
+    timed = {name: t[args.warmup:] for name, t in times.items()}
+    table: dict[str, dict] = {}
+    base = rows[0]
+    for row in rows:
+        seconds = statistics.median(timed[row.name])
+        rate = row.samples / seconds
+        peak_flops, peak_source = peak(device, row.precision, peaks)
+        entry = {
+            "status": "ok", "epoch_s": seconds, "first_epoch_s": times[row.name][0],
+            "samples_per_epoch": row.samples, "samples_per_s": rate,
+            "epoch_s_60k": steps_per_epoch(FULL_TRAIN, args.batch_size) * args.batch_size / rate,
+            "speedup": statistics.median(  # throughput over the baseline's, round by round
+                (row.samples / a) / (base.samples / b)
+                for a, b in zip(timed[row.name], timed[base.name])),
+            "precision": row.precision, "mfu": flops * rate / peak_flops,
+            "peak_flops": peak_flops, "peak_source": peak_source, "notes": row.notes,
+            "epochs_s": times[row.name],
+        }
+        if row.reference:
+            entry["reference"] = row.reference
+            entry["vs_ref"] = paired_ratio(timed, row.name, row.reference)
+        table[row.name] = entry
+    for name, why in skipped.items():
+        table[name] = {"status": "skipped", "reason": why}
+
+    kind = "cuda" if cuda else "cpu"
+    result = {
+        "machine": label, "info": info, "date": date.today().isoformat(),
+        "settings": {"width": args.width, "limit_train": args.limit_train,
+                     "batch_size": args.batch_size, "warmup_epochs": args.warmup,
+                     "timed_epochs": args.epochs, "fast": args.fast, "set": args.set,
+                     "baseline_workers": args.baseline_workers},
+        "flops_per_image": flops, "load_average": {"before": load_before, "after": load_after},
+        "rows": table, "targets": check_targets(kind, table),
+    }
+    out = args.out or RESULTS / f"{label}-{result['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(render(result))
+    print(f"bench: wrote {out}")
+    return result
+
+
+def render(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"{result['machine']} | width {s['width']}, {s['limit_train']} training images, "
+             f"batch {s['batch_size']}, median of {s['timed_epochs']} epochs after "
+             f"{s['warmup_epochs']} warm-up | load average {result['load_average']['before'][0]:.1f}"
+             f" -> {result['load_average']['after'][0]:.1f}",
+             "| row | s/epoch | 1st epoch s | samples/s | x baseline | vs reference | MFU | "
+             "precision | peak | notes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in result["rows"].items():
+        if r["status"] != "ok":
+            lines.append(f"| {name} | skipped: {r['reason']} |||||||||")
+            continue
+        vs = f"{r['vs_ref']:.3f}x {r['reference']}" if "vs_ref" in r else ""
+        lines.append(f"| {name} | {r['epoch_s']:.2f} | {r['first_epoch_s']:.2f} | "
+                     f"{r['samples_per_s']:.0f} | {r['speedup']:.2f} | {vs} | "
+                     f"{100 * r['mfu']:.1f}% | {r['precision']} | "
+                     f"{r['peak_flops'] / 1e9:.0f} GFLOP/s {r['peak_source']} | "
+                     f"{'; '.join(r['notes'])} |")
+    lines.append("")
+    for t in result["targets"]:
+        value = "n/a" if t["value"] is None else f"{t['value']:.3g}"
+        lines.append(f"target: {t['target']}: {value} -> {t['status']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""User errors: one clear line, exit code 2, no traceback.
+
+Anything the user can fix by editing params.yaml, the command line or the data raises
+`UserError`; `exit_on_user_error` turns it into the one-line message at the top of every
+stage entry point. Bugs still raise normally so their traceback is not hidden.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, TypeVar
+
+USER_ERROR_EXIT = 2
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+class UserError(Exception):
+    """Bad input: the message names the key or file and what was expected."""
+
+
+def exit_on_user_error(main: F) -> F:
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(USER_ERROR_EXIT)
+
+    return wrapper  # type: ignore[return-value]

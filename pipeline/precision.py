@@ -1,0 +1,147 @@
+"""How the shared loop's arithmetic runs: dtype, autocast, loss scaling, and the kernel
+switches that go with them (TF32, cuDNN autotuning, torch.compile).
+
+`train.precision`:
+  fp32  IEEE fp32. On CUDA TF32 is switched off for convolutions as well as matmuls (PyTorch
+        allows it for cuDNN convolutions by default), so fp32 means fp32 on every GPU.
+  fp64  fp64 parameters and inputs, for exact cross-strategy parity tests.
+  tf32  fp32 tensors; matmuls and convolutions on TF32 tensor cores (CUDA, Ampere and newer).
+  bf16  autocast to bfloat16; parameters, gradients and optimizer state stay fp32.
+  fp16  autocast to float16 with dynamic loss scaling (GradScaler); CUDA only.
+
+What cannot apply on the device falls back to fp32 and says so in `notes`, which the run
+prints and records. The loop only calls `autocast()`, `backward()` and `step()`; with fp32 or
+fp64 they are plain `loss.backward()` and `optimizer.step()`.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Optional
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from pipeline.strategies.base import Parallel
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+RECOMPILE_LIMIT = 64  # graphs per function: 8 residual blocks x train/eval, with room
+
+
+@dataclass
+class Precision:
+    name: str  # what actually runs, after any fallback
+    dtype: torch.dtype  # parameters and inputs
+    device_type: str
+    autocast_dtype: Optional[torch.dtype] = None
+    scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
+    notes: list[str] = field(default_factory=list)
+
+    def autocast(self) -> ContextManager:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """optimizer.step(), or the scaler's: unscale, skip the step on inf/NaN gradients,
+        adapt the scale. With a fused optimizer the skip decision stays on the GPU."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+def build_precision(name: str, device: torch.device) -> Precision:
+    kind = device.type
+    if name == "fp64":
+        return Precision("fp64", torch.float64, kind)
+    if name == "fp32":
+        return Precision("fp32", torch.float32, kind)
+    if name == "tf32":
+        if kind == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+            return Precision("tf32", torch.float32, kind)
+        return _fallback(name, kind, "TF32 needs the tensor cores of a CUDA GPU of compute "
+                                     "capability 8.0 or newer")
+    if name == "bf16":
+        if kind == "cuda" and not torch.cuda.is_bf16_supported():
+            return _fallback(name, kind, "this GPU has no bfloat16 support")
+        return Precision("bf16", torch.float32, kind, AUTOCAST["bf16"])
+    if name == "fp16":
+        if kind != "cuda":
+            # CPU autocast accepts fp16, but without fp16 arithmetic units it is emulated (more
+            # than 10x slower than fp32 on the CPUs measured), and it would need loss scaling.
+            return _fallback(name, kind, "fp16 autocast with loss scaling is for CUDA GPUs")
+        return Precision("fp16", torch.float32, kind, AUTOCAST["fp16"],
+                         scaler=torch.amp.GradScaler(kind))
+    raise ValueError(f"unknown precision {name!r}")
+
+
+def _fallback(name: str, kind: str, why: str) -> Precision:
+    return Precision("fp32", torch.float32, kind,
+                     notes=[f"precision {name} on {kind}: {why}; running fp32 instead"])
+
+
+def fit_to_strategy(precision: Precision, par: Parallel,
+                    channels_last: bool) -> tuple[Precision, bool]:
+    """Apply to the parallelized model what its strategy can take; note what it cannot.
+
+    A pipeline schedule sends activations between stages through buffers it allocates for the
+    model's dtype, as contiguous NCHW tensors: no autocast and no channels_last there. Sharded
+    (DTensor) parameters must stay contiguous (FSDP2): no channels_last. Elsewhere the
+    parameters are converted to channels_last in place, after wrapping, so DDP/DP keep the
+    same Parameter objects; DDP warns once that gradient strides do not match its buckets,
+    then lays the buckets out again after the first step.
+    Returns the precision that runs and whether inputs should be channels_last.
+    """
+    pipelined = par.pipeline_step is not None
+    if pipelined and precision.autocast_dtype is not None:
+        precision = _fallback(precision.name, precision.device_type, "the pipeline schedule "
+                              "passes activations between stages in the model's dtype")
+    if not channels_last:
+        return precision, False
+    if pipelined or any(isinstance(p, DTensor) for p in par.module.parameters()):
+        why = ("pipeline stages send activations" if pipelined
+               else "sharded (DTensor) parameters must be")
+        precision.notes.append(f"channels_last: not applied; {why} contiguous NCHW")
+        return precision, False
+    par.module.to(memory_format=torch.channels_last)
+    return precision, True
+
+
+def configure_backends(precision: Precision, device: torch.device) -> None:
+    """Process-wide kernel switches for this precision: TF32 exactly when asked for, and cuDNN
+    autotuning (every training and evaluation batch has a fixed shape, so each convolution
+    is tuned once and reused). Nothing to switch on the CPU."""
+    if device.type != "cuda":
+        return
+    tf32 = precision.name == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+
+
+def compile_forward(forward: Optional[Callable], enabled: bool) -> tuple[Optional[Callable],
+                                                                       list[str]]:
+    """torch.compile the strategy's forward (the DDP/FSDP-wrapped module where there is one,
+    which is how both are meant to be compiled). The strategy keeps its uncompiled module for
+    parameters and state_dict, so checkpoints and results keep their keys. Shapes are fixed
+    (remainders are dropped, evaluation batches padded), hence dynamic=False.
+
+    Where a wrapper's hooks break the graph between blocks (FSDP), each residual block is
+    compiled on its own, once per block shape and per train/eval mode: more graphs for one
+    function than dynamo's default limit of 8, past which it would silently run the rest
+    eagerly. The limit is raised to cover the model's blocks."""
+    if not enabled:
+        return forward, []
+    if forward is None:
+        return None, ["compile: not applied; this strategy runs its own pipeline schedule"]
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               RECOMPILE_LIMIT)
+    return torch.compile(forward, dynamic=False), [
+        "compile: the first epoch includes compilation; compare steady epochs"]

@@ -1,0 +1,151 @@
+"""`balanced_dp`: DataParallel that gives GPU 0 a smaller share of each batch.
+
+GPU 0 holds, besides its replica's work, the gathered logits, the loss, the gradients of the
+one model and the optimizer state, so under plain DataParallel it runs out of memory first.
+`BalancedDataParallel` gives it `balanced_dp.gpu0_bsz` samples per forward and spreads the
+rest over the other GPUs (the rule is pipeline.splits.balanced_split). `gpu0_bsz: auto` picks
+the value by a short profiling pass before training (pipeline/autotune.py).
+
+This is a rewrite of the widely copied BalancedDataParallel without its bugs: there, one
+device divided by zero; the batch size was read from inputs[0], so keyword or non-tensor first
+inputs broke it; the even-split fallback could give GPU 0 more than gpu0_bsz; chunks and
+replicas could differ in number; and with gpu0_bsz 0 BatchNorm's running statistics never
+updated (DataParallel keeps buffer updates only from GPU 0's replica, which never ran).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn.parallel import parallel_apply
+from torch.nn.parallel._functions import Scatter
+
+from pipeline import autotune
+from pipeline.config import Config
+from pipeline.context import DistContext
+from pipeline.errors import UserError
+from pipeline.splits import balanced_split, nonempty_chunks
+from pipeline.strategies.base import Parallel
+from pipeline.strategies.dp import device_names, split_note
+
+NAME = "balanced_dp"
+
+
+def nproc(cfg: Config, n_gpus: int) -> int:
+    micro = cfg.train.batch_size // cfg.train.grad_accum
+    gpu0_bsz = cfg.balanced_dp.gpu0_bsz
+    if gpu0_bsz != autotune.AUTO and gpu0_bsz is not None and gpu0_bsz > micro:
+        raise UserError(f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected at most the micro-batch "
+                        f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
+                        f"{cfg.train.grad_accum} = {micro}")
+    return 1  # one process drives all devices
+
+
+def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+    gpu0_bsz = cfg.balanced_dp.gpu0_bsz
+    n_gpus = len(ctx.gpus)
+    device_ids = list(range(n_gpus))
+    micro = cfg.train.batch_size // cfg.train.grad_accum
+    auto_notes: list[str] = []
+    if gpu0_bsz == autotune.AUTO:  # measured here, once, on a copy of the model
+        from pipeline.precision import build_precision  # it imports this package
+
+        gpu0_bsz, auto_notes = autotune.resolve_gpu0_bsz(
+            model, micro, n_gpus, ctx.on_cuda,
+            wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
+            autocast=build_precision(cfg.train.precision, ctx.device).autocast)
+    balanced = BalancedDataParallel(model, gpu0_bsz, device_ids=device_ids)
+    split = balanced_split(micro, max(n_gpus, 1), gpu0_bsz)
+    devices = device_names(ctx)
+    notes = [split_note(NAME, micro, split, devices), *auto_notes]
+    if len(devices) == 1 and gpu0_bsz is not None:
+        notes.append(f"balanced_dp.gpu0_bsz={gpu0_bsz} has no effect on one device")
+    chosen = {"balanced_dp.gpu0_bsz_chosen": gpu0_bsz} if auto_notes else {}
+    return Parallel(module=model, forward=balanced, data_rank=0, data_world=1, writer=True,
+                    devices=devices, batch_split=split, notes=notes, params=chosen)
+
+
+class BalancedDataParallel(nn.DataParallel):
+    """nn.DataParallel whose first device gets `gpu0_bsz` samples per forward (None: even).
+
+    Devices that get no samples get no chunk and run no replica. Without CUDA or with one GPU
+    it behaves exactly like nn.DataParallel (which calls the module, or runs it on that GPU).
+    """
+
+    def __init__(self, module: nn.Module, gpu0_bsz: Optional[int],
+                 device_ids: Optional[Sequence[int]] = None, output_device: Optional[int] = None,
+                 dim: int = 0):
+        super().__init__(module, device_ids, output_device, dim)
+        self.gpu0_bsz = gpu0_bsz
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        batch_tensor = first_tensor((inputs, kwargs))
+        if len(self.device_ids) < 2 or batch_tensor is None:
+            # no CUDA (DataParallel calls the module), one GPU, or no tensor: nothing to balance
+            return super().forward(*inputs, **kwargs)
+        sizes = balanced_split(batch_tensor.size(self.dim), len(self.device_ids), self.gpu0_bsz)
+        positions, chunk_sizes = zip(*nonempty_chunks(sizes))
+        devices = [self.device_ids[p] for p in positions]
+        device_inputs, device_kwargs = split_inputs(
+            inputs, kwargs, len(devices),
+            lambda t: Scatter.apply(devices, list(chunk_sizes), self.dim, t))
+        # Broadcasting copies from the first device listed, where the module lives, so
+        # replicate to devices 0..last used and keep the replicas of those that got samples.
+        every_replica = self.replicate(self.module, self.device_ids[:positions[-1] + 1])
+        replicas = [every_replica[p] for p in positions]
+        outputs = parallel_apply(replicas, device_inputs, device_kwargs, devices)
+        # the module's mode, not the wrapper's: the training loop switches the model itself
+        if positions[0] != 0 and self.module.training:
+            adopt_buffers(self.module, replicas[0])
+        return self.gather(outputs, self.output_device)
+
+
+@torch.no_grad()
+def adopt_buffers(module: nn.Module, replica: nn.Module) -> None:
+    """Copy the replica's buffers (BatchNorm running statistics) into the module.
+
+    Only GPU 0's replica shares the module's buffers, so when GPU 0 got no samples its
+    in-place updates would be lost; the first replica that ran stands in for it.
+    """
+    updated = dict(replica.named_buffers())
+    for name, buffer in module.named_buffers():
+        buffer.copy_(updated[name])
+
+
+def first_tensor(obj: Any) -> Optional[torch.Tensor]:
+    """The first tensor in `obj`, depth first through tuples, lists and dict values: the batch
+    size is read from it, whether it came positionally or by keyword."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    for item in items:
+        found = first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def split_inputs(inputs: tuple, kwargs: dict, n_chunks: int,
+                 split_tensor: Callable[[torch.Tensor], Sequence[torch.Tensor]]
+                 ) -> tuple[list[tuple], list[dict]]:
+    """Per-device positional and keyword inputs, one of each per chunk.
+
+    Like DataParallel's scatter, but every tensor is cut by `split_tensor` (so into the given
+    sizes rather than torch.chunk's): namedtuples, tuples, lists and dicts are split element by
+    element, anything else is shared by every chunk. The forward passes torch's autograd-aware
+    Scatter, which copies each chunk to its GPU and needs >=2 GPUs; the tests pass
+    `t.split(sizes)` on CPU tensors, which checks everything here but the copies.
+    """
+    def split(obj: Any) -> list:
+        if isinstance(obj, torch.Tensor):
+            return list(split_tensor(obj))
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+            return [type(obj)(*parts) for parts in zip(*map(split, obj))]
+        if isinstance(obj, (tuple, list)) and obj:
+            return [type(obj)(parts) for parts in zip(*map(split, obj))]
+        if isinstance(obj, dict) and obj:
+            return [type(obj)(zip(obj, parts)) for parts in zip(*map(split, obj.values()))]
+        return [obj] * n_chunks
+
+    return split(tuple(inputs)), [dict(part) for part in split(dict(kwargs))]

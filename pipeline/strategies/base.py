@@ -1,0 +1,62 @@
+"""What every strategy module provides, and what it hands the shared training loop.
+
+A strategy module (one per file in this package) exposes:
+
+    NAME: str
+    def nproc(cfg: Config, n_gpus: int) -> int
+        processes torchrun must start; raises UserError if the strategy cannot run as asked
+    def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel
+        applies the parallelism to a plain model that is already on ctx.device
+
+The loop in pipeline/train.py drives every strategy through `Parallel` and branches on its
+capabilities (`pipeline_step`, `data_world`, ...), never on strategy names.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Optional
+
+import torch
+from torch import nn
+
+
+def _always_sync(_: bool) -> ContextManager:
+    return nullcontext()
+
+
+@dataclass
+class Parallel:
+    module: nn.Module  # holds the parameters this rank's optimizer updates
+    # images -> logits on the writer's device; None when the strategy is pipelined
+    forward: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    data_rank: int  # which share of each micro-batch this rank trains on ...
+    data_world: int  # ... out of this many (1 = the whole micro-batch)
+    writer: bool  # this process logs to MLflow and writes results/ (exactly one does)
+    devices: list[str]  # devices this run computes on, e.g. ["cuda:0", "cuda:1"] or ["cpu"]
+    batch_split: list[int]  # samples each device gets per forward of one micro-batch
+    # grad_sync(is_last_micro_step): context for a micro-step's backward; gradient
+    # accumulation syncs gradients only on the last one.
+    grad_sync: Callable[[bool], ContextManager] = _always_sync
+    # pipelined strategies: (images, labels, training) -> logits on the loss-holding rank,
+    # None elsewhere; runs forward (and backward when training) through the schedule.
+    pipeline_step: Optional[Callable[[torch.Tensor, torch.Tensor, bool],
+                                     Optional[torch.Tensor]]] = None
+    # the whole model's state_dict on the writer (a collective where the model is split)
+    full_state_dict: Optional[Callable[[], dict]] = None
+    # facts for the record, e.g. "dp on 1 device: runs unsplit"
+    notes: list[str] = field(default_factory=list)
+    # an eval batch size the strategy needs (pipelines keep their training shapes)
+    eval_batch_size: Optional[int] = None
+    # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
+    params: dict = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        if self.full_state_dict is not None:
+            return self.full_state_dict()
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+
+def gpu_count_or_nproc(n_gpus: int, cpu_nproc: int) -> int:
+    """One process per GPU on GPUs; `cpu_nproc` gloo processes on the CPU."""
+    return n_gpus if n_gpus > 0 else cpu_nproc

@@ -1,0 +1,56 @@
+"""`dp`: nn.DataParallel, one process driving every GPU in `devices`.
+
+Each forward scatters the micro-batch over cuda:0..n-1 in torch.chunk pieces (see
+pipeline.splits.dp_split), runs a replica per piece and gathers the logits on cuda:0, where
+the loop computes the loss: the model returns logits, never a per-device scalar loss, so the
+mean is exact for unequal chunks and DataParallel has no scalars to gather. Gradients from the
+replicas are summed into the one model on cuda:0.
+
+Without CUDA, DataParallel simply calls the model, so on the CPU this is `single` with a
+wrapper; the run records that in `notes`.
+"""
+from __future__ import annotations
+
+from itertools import zip_longest
+
+from torch import nn
+
+from pipeline.config import Config
+from pipeline.context import DistContext
+from pipeline.splits import dp_split
+from pipeline.strategies.base import Parallel
+
+NAME = "dp"
+
+
+def nproc(cfg: Config, n_gpus: int) -> int:
+    return 1  # one process drives all devices
+
+
+def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+    n_gpus = len(ctx.gpus)
+    data_parallel = nn.DataParallel(model, device_ids=list(range(n_gpus)))
+    micro = cfg.train.batch_size // cfg.train.grad_accum
+    split = dp_split(micro, max(n_gpus, 1))
+    devices = device_names(ctx)
+    # `module` is the plain model: it holds the parameters and its state_dict has no
+    # "module." prefix, so results/dp/model.pt compares key for key with single's.
+    return Parallel(module=model, forward=data_parallel, data_rank=0, data_world=1, writer=True,
+                    devices=devices, batch_split=split, notes=[split_note(NAME, micro, split,
+                                                                          devices)])
+
+
+def device_names(ctx: DistContext) -> list[str]:
+    return [f"cuda:{i}" for i in range(len(ctx.gpus))] or [str(ctx.device)]
+
+
+def split_note(name: str, micro: int, split: list[int], devices: list[str]) -> str:
+    """What happens to one micro-batch, for the record; says so when nothing is split."""
+    if len(devices) == 1:
+        return f"{name} on 1 device ({devices[0]}): runs unsplit; needs >=2 GPUs to split"
+    note = (f"{name}: each micro-batch of {micro} is split {'+'.join(map(str, split))} over "
+            f"{', '.join(devices)}")
+    idle = [device for device, size in zip_longest(devices, split, fillvalue=0) if size == 0]
+    if idle:
+        note += f"; no samples on {', '.join(idle)}"
+    return note

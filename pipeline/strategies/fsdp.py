@@ -1,0 +1,84 @@
+"""`fsdp`: FSDP2 (`fully_shard`), one process per GPU (nccl) or `fsdp.nproc` on the CPU (gloo).
+
+Each residual stage (blocks 1..4 of the Sequential) is sharded as its own unit, so only one
+stage's parameters are gathered at a time, then the root takes the stem and the head. Data
+flows as in ddp: each rank trains on its strided share of every micro-batch and gradients are
+reduce-scattered (averaged over ranks) in backward; with gradient accumulation only the last
+micro-step reduces (`set_requires_gradient_sync(False)` on the others).
+
+`fsdp.mixed_precision` bf16|fp16 runs forward and backward with parameters in that dtype
+(BatchNorm's excepted, see `shard`) and reduces gradients in fp32; the sharded parameters the
+optimizer updates keep the model's dtype.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from pipeline.config import Config
+from pipeline.context import DistContext
+from pipeline.strategies.base import Parallel, gpu_count_or_nproc
+from pipeline.strategies.ddp import check_divisible
+from pipeline.sync_bn import convert_sync_batchnorm
+
+NAME = "fsdp"
+
+PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+RESIDUAL_STAGES = range(1, 5)  # blocks of pipeline.model.resnet18 between stem and head
+
+
+def nproc(cfg: Config, n_gpus: int) -> int:
+    world = gpu_count_or_nproc(n_gpus, cfg.fsdp.nproc)
+    check_divisible(cfg, world, NAME)
+    return world
+
+
+def shard(model: nn.Sequential, mesh, mixed_precision: str) -> None:
+    """fully_shard each residual stage, then the root (it takes the stem and the head)."""
+    policy = MixedPrecisionPolicy()
+    if mixed_precision != "none":
+        low = PARAM_DTYPES[mixed_precision]
+        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+        # BatchNorm keeps its parameters in the model's dtype, as FSDP1's MixedPrecision does
+        # by default: statistics of low-precision activations are computed at full precision,
+        # and the output is cast back to `low` for the next convolution (the CPU sync
+        # BatchNorm returns full precision, which a `low` convolution would refuse).
+        keep_full = MixedPrecisionPolicy(output_dtype=low)
+        for module in list(model.modules()):
+            if isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm)):
+                fully_shard(module, mesh=mesh, mp_policy=keep_full)
+    for index in RESIDUAL_STAGES:
+        fully_shard(model[index], mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+    if cfg.fsdp.sync_bn:
+        model = convert_sync_batchnorm(model, ctx.on_cuda)
+    shard(model, init_device_mesh(ctx.device.type, (ctx.world_size,)), cfg.fsdp.mixed_precision)
+
+    @contextmanager
+    def grad_sync(is_last: bool):
+        model.set_requires_gradient_sync(is_last)
+        yield
+
+    def full_state_dict() -> dict:
+        # full_tensor() all-gathers each sharded parameter: every rank must take part
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+                for k, v in model.state_dict().items()}
+
+    per_rank = cfg.train.batch_size // cfg.train.grad_accum // ctx.world_size
+    notes = []
+    if cfg.fsdp.mixed_precision != "none":
+        notes.append(f"fsdp mixed precision: {cfg.fsdp.mixed_precision} parameters in "
+                     f"forward/backward (BatchNorm's keep the model's dtype), fp32 gradient "
+                     f"reduction")
+    return Parallel(module=model, forward=model, data_rank=ctx.rank, data_world=ctx.world_size,
+                    writer=ctx.is_main, devices=ctx.devices_of_ranks(),
+                    batch_split=[per_rank] * ctx.world_size, grad_sync=grad_sync,
+                    full_state_dict=full_state_dict, notes=notes)

@@ -1,0 +1,255 @@
+"""Faults, for real: killed ranks under torchrun restarts, SIGTERM, and MLflow outages.
+
+Every run here is a real multi-process job on the CPU (gloo). On the CPU a resumed run must be
+bitwise identical to an uninterrupted one: same final weights, same metrics.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from conftest import dvc, make_project, project_env, run, tiny_params, wait_for
+
+TINY = {"model": {"width": 4}, "train": {"epochs": 2, "batch_size": 32, "eval_batch_size": 64},
+        "data": {"limit_train": 128, "limit_test": 64}, "strategies": ["ddp"]}
+METRICS = ("train_loss", "test_loss", "test_acc", "best_test_acc")
+
+
+def mlflow_runs(uri: str, experiment: str = "tests"):
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+
+
+def final_state(project):
+    model = torch.load(project / "results/ddp/model.pt", weights_only=True)
+    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    history = [line.split(",")[:5] for line in
+               (project / "results/ddp/history.csv").read_text().splitlines()]
+    return model, {k: metrics[k] for k in METRICS}, history
+
+
+@pytest.fixture(scope="module")
+def fault_project(tmp_path_factory, http_mirror):
+    project = make_project(tmp_path_factory.mktemp("faults") / "project",
+                           tiny_params(http_mirror, **TINY))
+    run(project, "python", "-m", "pipeline.fetch")
+    run(project, "python", "-m", "pipeline.train", "ddp",
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'reference.db'}")
+    return project, final_state(project)
+
+
+def reset(project):
+    for name in ("results", "checkpoints"):
+        shutil.rmtree(project / name, ignore_errors=True)
+
+
+KILL_POINTS = [  # PARALLEL_LAB_FAULT values: where a rank dies (SIGKILL) on the first attempt
+    "rank=0,point=start",
+    "rank=1,point=start",
+    "rank=1,epoch=1,step=0",
+    "rank=0,epoch=1,step=2",
+    "rank=1,epoch=1,point=eval",
+    "rank=0,epoch=1,point=checkpoint",  # mid checkpoint write: own file done, commit pending
+    "rank=1,epoch=1,point=checkpoint",
+    "rank=0,epoch=2,step=0",
+    "rank=1,epoch=2,step=3",  # the last step
+    "rank=0,epoch=2,point=eval",
+    "rank=1,epoch=2,point=checkpoint",  # the final checkpoint
+    "rank=0,point=end",  # after training, before results are written
+]
+
+
+@pytest.mark.parametrize("fault", KILL_POINTS)
+def test_killed_rank_restarts_and_finishes_identically(fault_project, fault):
+    project, (ref_model, ref_metrics, ref_history) = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / ('faults-' + fault.replace(',', '_').replace('=', '-') + '.db')}"
+    proc = run(project, "python", "-m", "pipeline.train", "ddp", "checkpoint.max_restarts=2",
+               PARALLEL_LAB_FAULT=fault, MLFLOW_TRACKING_URI=uri, timeout=240)
+    assert "SIGKILL" in proc.stderr or "Signal 9" in proc.stderr or "exitcode" in proc.stderr
+    model, metrics, history = final_state(project)
+    assert metrics == ref_metrics and history == ref_history
+    assert all(torch.equal(model[k], ref_model[k]) for k in ref_model)
+    client, runs = mlflow_runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")]
+    assert steps == [1, 2]  # every epoch once, none twice
+
+
+def test_a_finished_strategy_is_not_retrained(fault_project):
+    project, (ref_model, ref_metrics, _) = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / 'finished.db'}"
+    run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
+    (project / "results/ddp/metrics.json").unlink()
+    again = run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
+    assert "resuming at epoch 3" in again.stdout and "epoch 1/2" not in again.stdout
+    assert final_state(project)[1] == ref_metrics
+    assert len(mlflow_runs(uri)[1]) == 1
+
+
+def test_checkpoint_of_another_width_is_refused(fault_project):
+    project, _ = fault_project
+    reset(project)
+    run(project, "python", "-m", "pipeline.train", "ddp", "model.width=8",
+        "train.epochs=1", MLFLOW_TRACKING_URI=f"sqlite:///{project / 'w8.db'}")
+    shutil.move(project / "checkpoints/ddp", project / "width8")
+    proc = run(project, "python", "-m", "pipeline.train", "ddp",
+               "checkpoint.resume_from=width8", check=False,
+               MLFLOW_TRACKING_URI=f"sqlite:///{project / 'w4.db'}")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: width8") and "model.width" in last and "shape" in last
+
+
+# --- SIGTERM (docker stop) ------------------------------------------------------------------
+
+def latest(project):
+    try:
+        return json.loads((project / "checkpoints/ddp/latest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mirror):
+    slow = {**TINY, "model": {"width": 8}, "train": {"epochs": 3, "batch_size": 16,
+                                                      "eval_batch_size": 64},
+            "data": {"limit_train": 512, "limit_test": 64}}
+    project = make_project(tmp_path / "project", tiny_params(http_mirror, **slow))
+    env = project_env(project)
+    proc = subprocess.Popen([shutil.which("dvc", path=env["PATH"]), "repro"], cwd=project,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        wait_for(lambda: (latest(project) or {}).get("epoch") == 1, 240, "epoch 1 checkpoint")
+        time.sleep(0.4)  # into epoch 2
+        os.killpg(proc.pid, signal.SIGTERM)  # what `docker stop` does to the whole container
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, out
+    record = latest(project)
+    assert record["epoch"] == 1 and record["step"] > 0, record  # mid-epoch 2
+    assert "SIGTERM: checkpointed" in out
+    resumed = dvc(project, "repro", timeout=400)
+    assert "resuming at epoch 2 step" in resumed.stdout
+    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    assert metrics["epochs"] == 3
+    # identical to an uninterrupted run of the same configuration
+    reference = make_project(tmp_path / "reference", tiny_params(http_mirror, **slow))
+    shutil.copytree(project / "data", reference / "data")
+    run(reference, "python", "-m", "pipeline.train", "ddp", timeout=400)
+    ref = json.loads((reference / "results/ddp/metrics.json").read_text())
+    assert {k: metrics[k] for k in METRICS} == {k: ref[k] for k in METRICS}
+
+
+# --- MLflow outages --------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` process on 127.0.0.1 with a sqlite store."""
+
+    def __init__(self, root, port: int):
+        self.root, self.port, self.proc = root, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self):
+        mlflow = shutil.which("mlflow", path=os.path.dirname(sys.executable))
+        self.proc = subprocess.Popen(
+            [mlflow, "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
+             "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1"],
+            cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        wait_for(self.healthy, 90, "mlflow server")
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = MlflowServer(tmp_path, free_port())
+    yield srv
+    srv.kill()
+
+
+def epochs_in_mlflow(uri: str) -> list[int]:
+    client, runs = mlflow_runs(uri)
+    assert len(runs) <= 1
+    return [] if not runs else [m.step for m in
+                                client.get_metric_history(runs[0].info.run_id, "test_acc")]
+
+
+def test_server_killed_mid_run_and_restarted_loses_nothing(tmp_path, http_mirror, server):
+    slow = {**TINY, "model": {"width": 8}, "train": {"epochs": 6, "batch_size": 16,
+                                                      "eval_batch_size": 64},
+            "data": {"limit_train": 256, "limit_test": 64}}
+    project = make_project(tmp_path / "project", tiny_params(http_mirror, **slow))
+    run(project, "python", "-m", "pipeline.fetch")
+    server.start()
+    env = project_env(project, MLFLOW_TRACKING_URI=server.uri)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.train", "ddp",
+                             "mlflow.final_sync_wait_s=180"], cwd=project,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        wait_for(lambda: 1 in epochs_in_mlflow(server.uri), 240, "epoch 1 in MLflow")
+        server.kill()
+        wait_for(lambda: (latest(project) or {}).get("epoch", 0) >= 3, 240, "epoch 3 locally")
+        server.start()  # the stage's final sync waits up to mlflow.final_sync_wait_s for it
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert "unreachable" in out and "pending" in out
+    client, runs = mlflow_runs(server.uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")] \
+        == [1, 2, 3, 4, 5, 6]
+    assert {"metrics.json", "model.pt"} <= {a.path for a in
+                                            client.list_artifacts(runs[0].info.run_id)}
+
+
+def test_server_absent_from_the_start_then_pipeline_sync(tmp_path, fault_project, server):
+    project, (_, ref_metrics, _) = fault_project
+    reset(project)
+    proc = run(project, "python", "-m", "pipeline.train", "ddp", "mlflow.final_sync_wait_s=0",
+               MLFLOW_TRACKING_URI=server.uri)  # nothing listens yet
+    assert "unreachable" in proc.stderr and "python -m pipeline.sync" in proc.stderr
+    assert final_state(project)[1] == ref_metrics  # training carried on
+    server.start()
+    synced = run(project, "python", "-m", "pipeline.sync", MLFLOW_TRACKING_URI=server.uri)
+    assert "ddp: run" in synced.stdout
+    run(project, "python", "-m", "pipeline.sync", MLFLOW_TRACKING_URI=server.uri)  # idempotent
+    client, runs = mlflow_runs(server.uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")] == [1, 2]
+    assert runs[0].data.params["model.width"] == "4"
