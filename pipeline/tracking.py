@@ -169,8 +169,25 @@ class Tracker:
 
     def stop_system_metrics(self) -> None:
         if self._monitor is not None:
-            self._monitor.finish()  # flushes the samples it still holds
+            publish_final_sample(self._monitor)
             self._monitor = None
+
+
+def publish_final_sample(monitor) -> None:
+    """Stop MLflow's sampler and log one last sample, the run's final state.
+
+    MLflow 3.17 publishes only whole sampling windows and drops the open one at shutdown, so
+    a run shorter than the interval would have no `system/...` metrics at all (and every run
+    lost its tail). Once the thread has joined, nothing else touches the monitors.
+    """
+    monitor.finish()
+    try:
+        monitor.collect_metrics()
+        monitor.publish_metrics(monitor.aggregate_metrics())
+        monitor.mlflow_logger.flush()
+    except Exception as err:  # noqa: BLE001 - as in start_system_metrics
+        print(f"warning: last MLflow system-metrics sample not logged ({_first_line(err)})",
+              file=sys.stderr, flush=True)
 
 
 def system_metrics_monitor(run_id: str, interval_s: float, gpu_uuids: dict[str, str] | None,
