@@ -2,6 +2,7 @@
 switches that go with them (TF32, cuDNN autotuning, torch.compile).
 
 `train.precision`:
+  auto  bf16 on a GPU, fp32 on the CPU (measured: README "Performance").
   fp32  IEEE fp32. On CUDA TF32 is switched off for convolutions as well as matmuls (PyTorch
         allows it for cuDNN convolutions by default), so fp32 means fp32 on every GPU.
   fp64  fp64 parameters and inputs, for exact cross-strategy parity tests.
@@ -57,6 +58,8 @@ class Precision:
 
 def build_precision(name: str, device: torch.device) -> Precision:
     kind = device.type
+    if name == "auto":
+        name = "bf16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     if name == "fp64":
         return Precision("fp64", torch.float64, kind)
     if name == "fp32":
@@ -86,7 +89,7 @@ def _fallback(name: str, kind: str, why: str) -> Precision:
 
 
 def fit_to_strategy(precision: Precision, par: Parallel,
-                    channels_last: bool) -> tuple[Precision, bool]:
+                    channels_last: Optional[bool]) -> tuple[Precision, bool]:
     """Apply to the parallelized model what its strategy can take; note what it cannot.
 
     A pipeline schedule sends activations between stages through buffers it allocates for the
@@ -95,8 +98,11 @@ def fit_to_strategy(precision: Precision, par: Parallel,
     parameters are converted to channels_last in place, after wrapping, so DDP/DP keep the
     same Parameter objects; DDP warns once that gradient strides do not match its buckets,
     then lays the buckets out again after the first step.
+    channels_last None (auto) means on for CUDA, off on the CPU.
     Returns the precision that runs and whether inputs should be channels_last.
     """
+    if channels_last is None:
+        channels_last = precision.device_type == "cuda"
     pipelined = par.pipeline_step is not None
     if pipelined and precision.autocast_dtype is not None:
         precision = _fallback(precision.name, precision.device_type, "the pipeline schedule "
@@ -124,8 +130,8 @@ def configure_backends(precision: Precision, device: torch.device) -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def compile_forward(forward: Optional[Callable], enabled: bool) -> tuple[Optional[Callable],
-                                                                       list[str]]:
+def compile_forward(forward: Optional[Callable], enabled: bool, mode: str = "default",
+                    cuda_graphs: bool = True) -> tuple[Optional[Callable], list[str]]:
     """torch.compile the strategy's forward (the DDP/FSDP-wrapped module where there is one,
     which is how both are meant to be compiled). The strategy keeps its uncompiled module for
     parameters and state_dict, so checkpoints and results keep their keys. Shapes are fixed
@@ -143,5 +149,11 @@ def compile_forward(forward: Optional[Callable], enabled: bool) -> tuple[Optiona
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                RECOMPILE_LIMIT)
-    return torch.compile(forward, dynamic=False), [
-        "compile: the first epoch includes compilation; compare steady epochs"]
+    notes = ["compile: the first epoch includes compilation; compare steady epochs"]
+    if mode == "reduce-overhead" and not cuda_graphs:
+        mode = "default"
+        notes.append("compile mode reduce-overhead: not applied (no CUDA graphs for this "
+                     "strategy); default mode instead")
+    if mode != "default":
+        notes.append(f"compile mode: {mode}")
+    return torch.compile(forward, dynamic=False, mode=mode), notes

@@ -92,6 +92,9 @@ def train_epoch(par: Parallel, optimizer: torch.optim.Optimizer, loader: Batches
             fault.fire_if("step", rank, epoch + 1, step)
         set_lr(optimizer, lr_at(cfg.train, epoch * loader.steps + step, loader.steps))
         for micro, (x, y) in enumerate(micro_batches):
+            # a new forward/backward pair: CUDA graphs (compile_mode reduce-overhead) may
+            # reuse the last one's output buffers, whose totals are already queued
+            torch.compiler.cudagraph_mark_step_begin()
             with par.grad_sync(micro == accum - 1):
                 if par.pipeline_step is not None:
                     with prec.autocast():  # the schedule runs forward and backward itself
@@ -114,7 +117,8 @@ def batch_totals(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     labels = labels.to(logits.device)
     loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
     correct = (logits.argmax(1) == labels).sum()
-    count = torch.tensor(len(labels), dtype=torch.float64, device=logits.device)
+    # a fill kernel, not torch.tensor(): a host->device copy would wait for the GPU
+    count = torch.full((), len(labels), dtype=torch.float64, device=logits.device)
     return torch.stack([loss_sum.double(), correct.double(), count])
 
 
@@ -129,6 +133,7 @@ def evaluate(par: Parallel, data: DeviceData, loader: Batches, prec: Precision, 
     for idx, count in zip(batches, counts):
         idx = idx.to(device)
         x, y = loader.prepare(data.test_images[idx]), data.test_labels[idx]
+        torch.compiler.cudagraph_mark_step_begin()
         with prec.autocast():
             logits = par.pipeline_step(x, y, False) if par.pipeline_step else par.forward(x)
         if logits is not None and count > 0:
@@ -161,7 +166,8 @@ def build_training(cfg: Config, strategy: ModuleType, ctx: DistContext, data: De
     par = strategy.parallelize(model, cfg, ctx)
     prec, channels_last = fit_to_strategy(prec, par, cfg.train.channels_last)
     configure_backends(prec, device)
-    par.forward, compile_notes = compile_forward(par.forward, cfg.train.compile)
+    par.forward, compile_notes = compile_forward(par.forward, cfg.train.compile,
+                                                   cfg.train.compile_mode, par.cuda_graphs)
     par.notes += prec.notes + compile_notes
     loss_fn = loss_function(cfg.train, schedule_owns_loss=par.pipeline_step is not None)
     optimizer = make_optimizer(par.module.parameters(), cfg.train)

@@ -213,6 +213,22 @@ def test_compile_is_skipped_with_a_note_where_there_is_no_forward():
     assert compile_forward(forward, False) == (forward, [])
 
 
+
+def test_cuda_graphs_are_not_asked_of_a_strategy_that_cannot_take_them():
+    forward = nn.Linear(2, 2)
+    _, notes = compile_forward(forward, True, "reduce-overhead", cuda_graphs=False)
+    assert any("reduce-overhead: not applied" in n for n in notes)
+    _, notes = compile_forward(forward, True, "reduce-overhead")
+    assert "compile mode: reduce-overhead" in notes
+
+
+def test_auto_speed_settings_on_the_cpu_are_fp32_and_nchw():
+    model = build_model(4, 0)
+    prec, channels_last = fit_to_strategy(build_precision("auto", CPU), plain_parallel(model),
+                                          None)
+    assert prec.name == "fp32" and prec.autocast_dtype is None and not channels_last
+    assert model[0][0].weight.is_contiguous()
+
 def test_backend_switches_leave_the_cpu_alone():
     before = torch.backends.cudnn.benchmark
     configure_backends(build_precision("tf32", CPU), CPU)

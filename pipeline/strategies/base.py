@@ -50,6 +50,8 @@ class Parallel:
     eval_batch_size: Optional[int] = None
     # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
     params: dict = field(default_factory=dict)
+    # whether torch.compile may replay the forward/backward as CUDA graphs (reduce-overhead)
+    cuda_graphs: bool = True
 
     def state_dict(self) -> dict:
         if self.full_state_dict is not None:
