@@ -44,11 +44,11 @@ def nproc(cfg: Config, n_gpus: int) -> int:
     if stages > MODEL_BLOCKS:
         raise UserError(f"pipeline.stages: got {stages}, but the model has {MODEL_BLOCKS} blocks "
                         f"to split; expected at most {MODEL_BLOCKS}")
-    if n_gpus == 1:
-        stages = 1  # nothing to split across: one stage, like dp on one GPU (a note says so)
-    elif n_gpus and stages > n_gpus:
+    if n_gpus and stages > n_gpus:
         raise UserError(f"pipeline.stages: got {stages}, but only {n_gpus} GPU(s) are available "
-                        f"(one stage per GPU); expected at most {n_gpus}")
+                        f"(one stage per GPU); expected at most {n_gpus}"
+                        + ("; with one GPU, leave pipeline out of strategies" if n_gpus == 1
+                           else ""))
     step_batch = cfg.train.batch_size // cfg.train.grad_accum
     if step_batch % chunks:
         raise UserError(f"pipeline.microbatches: got {chunks}, which does not divide "
@@ -103,9 +103,6 @@ def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stages, chunks = cfg.pipeline.stages, cfg.pipeline.microbatches
-    unsplit = ctx.world_size == 1 and len(ctx.gpus) == 1  # what nproc() starts on one GPU
-    if unsplit:
-        stages = 1
     if ctx.world_size != stages:  # e.g. several nodes, each started with nproc() processes
         raise UserError(f"pipeline.stages: got {stages}, but the job has {ctx.world_size} "
                         f"processes; expected one process per stage (one node)")
@@ -138,9 +135,6 @@ def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
         return {k: v for part in parts or () for k, v in part.items()}
 
     notes = [f"pipeline: blocks split at {bounds[1:-1]} by forward FLOPs per image {flops}"]
-    if unsplit:
-        notes = [f"pipeline on 1 device ({ctx.device}): one stage, runs unsplit; needs >=2 "
-                 "GPUs to split"]
     if chunks > 1:
         notes.append(f"pipeline: BatchNorm statistics per pipeline micro-batch of "
                      f"{step_batch // chunks} samples ({chunks} micro-batches), not per "
