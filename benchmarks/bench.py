@@ -166,7 +166,7 @@ class ProjectRow:
             self.history.append({"epoch": self.index, "train_loss": loss_sum / count,
                                  "train_acc": correct / count, "epoch_seconds": seconds,
                                  "samples_per_s": self.samples / seconds})
-            self.tracker.sync(self.history)
+            self.tracker.sync_soon(self.history)
         return time.perf_counter() - start
 
     def close(self) -> None:

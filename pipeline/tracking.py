@@ -4,7 +4,8 @@ The writing process keeps the truth on disk (checkpoints/<strategy>/run.json for
 identity, params and tags; the per-epoch history in the checkpoint record and results/) and
 `Tracker.sync` pushes whatever MLflow does not have yet: it creates the run if needed, logs
 params, the epochs MLflow lacks (checked against the server, so a restarted job never logs an
-epoch twice), artifacts and the final status. If the tracking server is down, training goes
+epoch twice), artifacts and the final status. Per epoch it runs on a background thread
+(`sync_soon`); the end of the stage waits for it. If the tracking server is down, training goes
 on, a warning says what is pending, and the next sync (every epoch, at the end of the stage,
 or `python -m pipeline.sync`) delivers it. Non-writing ranks get `NullTracker`.
 
@@ -20,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,9 @@ class NullTracker:
              status: str = "FINISHED", wait_s: float = 0.0) -> bool:
         return True
 
+    def sync_soon(self, history: list[dict]) -> None:
+        pass
+
     def start_system_metrics(self, interval_s: float | None, gpu_uuids: dict[str, str] | None,
                              resume: bool) -> None:
         pass
@@ -114,6 +119,7 @@ class Tracker:
         self._write()
         self._warned = False
         self._monitor = None
+        self._background: threading.Thread | None = None
 
     @property
     def run_id(self) -> str | None:
@@ -131,11 +137,29 @@ class Tracker:
         tmp.write_text(json.dumps(self.record, indent=1))
         os.replace(tmp, self.record_path)
 
+    def sync_soon(self, history: list[dict]) -> None:
+        """`sync` on a background thread, so the next epoch does not wait for MLflow (tens of
+        ms an epoch into SQLite, more over a network: percents of a sub-second GPU epoch).
+        A sync still running is left alone: syncs are idempotent and the next one pushes
+        what it missed. The history on disk (checkpoint record, results/) stays the truth."""
+        if self._background is not None and self._background.is_alive():
+            return
+        self._background = threading.Thread(target=self._sync, args=(list(history),),
+                                            name="mlflow-sync", daemon=True)
+        self._background.start()
+
     def sync(self, history: list[dict], artifacts: list[Path] = (), finished: bool = False,
              status: str = "FINISHED", wait_s: float = 0.0) -> bool:
         """Push what MLflow lacks. True when nothing is pending; never raises on an outage.
         With wait_s, keep retrying that long first (a tracking server that is restarting
-        gets a grace period at the end of a stage)."""
+        gets a grace period at the end of a stage). Waits for a background sync first."""
+        if self._background is not None:
+            self._background.join()
+            self._background = None
+        return self._sync(history, artifacts, finished, status, wait_s)
+
+    def _sync(self, history: list[dict], artifacts: list[Path] = (), finished: bool = False,
+              status: str = "FINISHED", wait_s: float = 0.0) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
             try:

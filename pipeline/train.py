@@ -278,7 +278,7 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
             if cfg.checkpoint.every_epochs and ((epoch + 1) % cfg.checkpoint.every_epochs == 0
                                                 or epoch + 1 == cfg.train.epochs):
                 save(Position(epoch + 1, 0))
-            tracker.sync(history)
+            tracker.sync_soon(history)
             if par.writer:
                 print(f"train[{strategy_name}] epoch {epoch + 1}/{cfg.train.epochs}: "
                       f"loss {train_loss:.4f} train_acc {train_acc:.4f} test_acc {test_acc:.4f} "

@@ -123,20 +123,3 @@ def test_provenance_on_a_machine_without_gpus(monkeypatch):
     assert len(tags["params_sha256"]) == 64
     assert gpu_tags(()) == {"gpu_names": "none (CPU)"} and gpu_uuids(()) == {}
 
-
-def test_a_run_shorter_than_the_sampling_interval_still_gets_system_metrics(tmp_path,
-                                                                           monkeypatch):
-    # MLflow publishes only whole sampling windows; the tracker logs the open one at the end
-    from mlflow.tracking import MlflowClient
-
-    from pipeline.tracking import Tracker
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = Tracker(tmp_path / "run.json", "tests", "short", {}, {}, fingerprint="f")
-    tracker.sync([])
-    tracker.start_system_metrics(60.0, gpu_uuids=None, resume=False)
-    tracker.stop_system_metrics()
-    tracker.sync([], finished=True)
-    run = MlflowClient().get_run(tracker.run_id)
-    assert "system/cpu_utilization_percentage" in run.data.metrics
-    assert 0 <= run.data.metrics["system/cpu_utilization_percentage"] <= 100
