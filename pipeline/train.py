@@ -38,7 +38,7 @@ from pipeline.loaders import Batches, make_batches
 from pipeline.model import build_model
 from pipeline.optim import loss_function, lr_at, make_optimizer, set_lr
 from pipeline.precision import (Precision, build_precision, compile_forward, configure_backends,
-                                fit_to_strategy)
+                                fit_to_strategy, graph_step_marker)
 from pipeline.provenance import gpu_tags, gpu_uuids
 from pipeline.report import steady_seconds, warmup_seconds
 from pipeline.strategies.base import Parallel
@@ -80,6 +80,7 @@ def train_epoch(par: Parallel, optimizer: torch.optim.Optimizer, loader: Batches
     [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
     here waits for the GPU. Returns the step it stopped before on SIGTERM, else None."""
     accum = cfg.train.grad_accum
+    new_graph_step = graph_step_marker(cfg.train)
     par.module.train()
     steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
     if progress:  # a bar on a terminal; log files get the one line per epoch instead
@@ -92,9 +93,7 @@ def train_epoch(par: Parallel, optimizer: torch.optim.Optimizer, loader: Batches
             fault.fire_if("step", rank, epoch + 1, step)
         set_lr(optimizer, lr_at(cfg.train, epoch * loader.steps + step, loader.steps))
         for micro, (x, y) in enumerate(micro_batches):
-            # a new forward/backward pair: CUDA graphs (compile_mode reduce-overhead) may
-            # reuse the last one's output buffers, whose totals are already queued
-            torch.compiler.cudagraph_mark_step_begin()
+            new_graph_step()  # the last step's outputs are consumed (totals are queued)
             with par.grad_sync(micro == accum - 1):
                 if par.pipeline_step is not None:
                     with prec.autocast():  # the schedule runs forward and backward itself
@@ -128,12 +127,13 @@ def evaluate(par: Parallel, data: DeviceData, loader: Batches, prec: Precision, 
     """[loss_sum, correct, count] over this rank's share of the whole test set."""
     par.module.eval()
     batch = par.eval_batch_size or cfg.train.eval_batch_size
+    new_graph_step = graph_step_marker(cfg.train)
     batches, counts = eval_shard(len(data.test_labels), par.data_rank, par.data_world, batch)
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     for idx, count in zip(batches, counts):
         idx = idx.to(device)
         x, y = loader.prepare(data.test_images[idx]), data.test_labels[idx]
-        torch.compiler.cudagraph_mark_step_begin()
+        new_graph_step()
         with prec.autocast():
             logits = par.pipeline_step(x, y, False) if par.pipeline_step else par.forward(x)
         if logits is not None and count > 0:

@@ -438,5 +438,5 @@ def test_trainer_image_reuses_the_base_torch(images):
                            images["pipeline"]], capture_output=True, text=True,
                           check=True).stdout.strip()
     assert user and not user.startswith(("0", "root"))
-    print(f"\nimage sizes: " + ", ".join(f"{k} {image_size(v) / 1e9:.2f} GB"
+    print("\nimage sizes: " + ", ".join(f"{k} {image_size(v) / 1e9:.2f} GB"
                                          for k, v in images.items()))

@@ -4,7 +4,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import dvc, make_project, run, tiny_params
+from conftest import dvc, make_project, tiny_params
 
 
 @pytest.fixture(scope="module")

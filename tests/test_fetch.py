@@ -1,13 +1,12 @@
 """The fetch stage against a real HTTP server on 127.0.0.1, file:// URLs and directories."""
 import gzip
-import shutil
 import socket
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import run, serve, write_raw
+from conftest import run, write_raw
 from pipeline.config import DataConfig
 from pipeline.errors import UserError
 from pipeline.fetch import fetch, md5sum, source_url
