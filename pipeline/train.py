@@ -209,6 +209,8 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
         load_optimizer_state(optimizer, state["optimizer"])
         set_rng_state(state["rng"], device)
         totals = state["train_totals"].to(device)
+        if prec.scaler is not None and state.get("grad_scaler"):
+            prec.scaler.load_state_dict(state["grad_scaler"])  # fp16: the loss scale it reached
         history = record["history"]
         if par.writer:
             print(f"train[{strategy_name}]: resuming at epoch {pos.epoch + 1} step {pos.step} "
@@ -235,7 +237,8 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
 
     def save(at: Position) -> None:
         state = {"model": par.module.state_dict(), "optimizer": optimizer.state_dict(),
-                 "rng": rng_state(device), "train_totals": totals}
+                 "rng": rng_state(device), "train_totals": totals,
+                 "grad_scaler": prec.scaler.state_dict() if prec.scaler is not None else None}
         ckpt.save(at, state, {"history": history, "run_id": tracker.run_id},
                   on_written=lambda: fault and fault.fire_if("checkpoint", ctx.rank,
                                                              at.epoch, at.step))

@@ -13,6 +13,7 @@ import torchvision.transforms.functional as TF
 from torch import nn
 
 from conftest import run
+from pipeline.checkpoint import Checkpointer, Position
 from pipeline.config import Config, TrainConfig, load_config
 from pipeline.data import to_device
 from pipeline.errors import UserError
@@ -299,3 +300,14 @@ def test_single_trains_with_the_options_combined(fetched_project):
     metrics = json.loads((project / "results/single/metrics.json").read_text())
     assert metrics["epochs"] == 2 and 0.0 <= metrics["test_acc"] <= 1.0
     assert any(n.startswith("precision fp16 on cpu") for n in metrics["notes"])
+
+
+def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path):
+    # fp16 runs on CUDA only; the scaler's state is plain numbers, which the weights-only
+    # checkpoint loader must accept (it refuses arbitrary objects)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, writer=True, key="k")
+    ckpt.save(Position(1, 0), {"grad_scaler": scaler.state_dict()}, {"history": []})
+    restored = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(ckpt.load(ckpt.latest()[0])["grad_scaler"])
+    assert restored.get_scale() == 1024.0

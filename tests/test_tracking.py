@@ -38,3 +38,4 @@ def test_a_run_shorter_than_the_sampling_interval_still_gets_system_metrics(trac
     run = MlflowClient().get_run(tracker.run_id)
     assert "system/cpu_utilization_percentage" in run.data.metrics
     assert 0 <= run.data.metrics["system/cpu_utilization_percentage"] <= 100
+
