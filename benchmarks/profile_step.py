@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20, help="profiled steps")
     parser.add_argument("--rows", type=int, default=12, help="operators listed")
     parser.add_argument("--trace", type=Path, help="write a Chrome trace here")
+    parser.add_argument("--data", type=Path, default=OUT_DIR, help="the fetch stage's output")
     args = parser.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(REPO / "params.yaml", args.set)
     batch = cfg.train.batch_size
     limit = batch * (args.warmup + args.steps)
-    data = to_device(load_tensors(OUT_DIR), device, limit, None)
+    data = to_device(load_tensors(args.data), device, limit, None)
     with tempfile.TemporaryDirectory() as work:
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
                                 store=dist.FileStore(str(Path(work) / "store"), 1),
@@ -93,9 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"step: {1e3 * plain:.2f} ms unprofiled, {1e3 * wall:.2f} ms profiled; "
           f"{flops / plain / 1e12:.1f} TFLOP/s; kernels per step: "
           f"{len(kernels) / args.steps:.0f}" if cuda else f"step: {1e3 * plain:.2f} ms")
-    if busy is not None:
-        print(f"device busy {1e3 * busy:.2f} ms/step = {100 * busy / wall:.0f}% of the "
-              f"profiled step ({'device' if busy > 0.8 * wall else 'host'}-bound)")
+    if busy is not None:  # against the unprofiled step: the profiler slows the host only
+        print(f"device busy {1e3 * busy:.2f} ms/step = {100 * busy / plain:.0f}% of the "
+              f"step ({'device' if busy > 0.8 * plain else 'host'}-bound)")
     sort = "device_time_total" if cuda else "cpu_time_total"
     print(events.table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
     if args.trace:
