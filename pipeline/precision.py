@@ -160,11 +160,12 @@ def compile_forward(forward: Optional[Callable], enabled: bool, mode: str = "def
     return torch.compile(forward, dynamic=False, mode=mode), notes
 
 
-def graph_step_marker(train) -> Callable[[], None]:
-    """What to call before each forward. CUDA graphs (compile_mode reduce-overhead) reuse
-    their output buffers, and must be told where a new step begins; otherwise nothing, as
-    the call imports torch._inductor (seconds) on first use."""
-    if train.compile and train.compile_mode == "reduce-overhead":
+def graph_step_marker(train, cuda_graphs: bool) -> Callable[[], None]:
+    """What to call before each forward. CUDA graphs (compile_mode reduce-overhead, where the
+    strategy takes them: Parallel.cuda_graphs, as in compile_forward) reuse their output
+    buffers, and must be told where a new step begins; otherwise nothing, as the call
+    imports torch._inductor (seconds) on first use."""
+    if train.compile and train.compile_mode == "reduce-overhead" and cuda_graphs:
         return torch.compiler.cudagraph_mark_step_begin
     return lambda: None
 

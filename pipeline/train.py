@@ -80,7 +80,7 @@ def train_epoch(par: Parallel, optimizer: torch.optim.Optimizer, loader: Batches
     [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
     here waits for the GPU. Returns the step it stopped before on SIGTERM, else None."""
     accum = cfg.train.grad_accum
-    new_graph_step = graph_step_marker(cfg.train)
+    new_graph_step = graph_step_marker(cfg.train, par.cuda_graphs)
     par.module.train()
     steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
     if progress:  # a bar on a terminal; log files get the one line per epoch instead
@@ -127,7 +127,7 @@ def evaluate(par: Parallel, data: DeviceData, loader: Batches, prec: Precision, 
     """[loss_sum, correct, count] over this rank's share of the whole test set."""
     par.module.eval()
     batch = par.eval_batch_size or cfg.train.eval_batch_size
-    new_graph_step = graph_step_marker(cfg.train)
+    new_graph_step = graph_step_marker(cfg.train, par.cuda_graphs)
     batches, counts = eval_shard(len(data.test_labels), par.data_rank, par.data_world, batch)
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     for idx, count in zip(batches, counts):
