@@ -90,7 +90,7 @@ def train_epoch(par: Parallel, optimizer: torch.optim.Optimizer, loader: Batches
         if stop.agreed():
             return step
         if fault is not None:
-            fault.fire_if("step", rank, epoch + 1, step)
+            fault.fire_if("step", rank, epoch + 1, step, signalled=lambda: stop.flag)
         set_lr(optimizer, lr_at(cfg.train, epoch * loader.steps + step, loader.steps))
         for micro, (x, y) in enumerate(micro_batches):
             new_graph_step()  # the last step's outputs are consumed (totals are queued)

@@ -6,6 +6,7 @@ import functools
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import yaml
 
@@ -154,6 +156,70 @@ def fetched_project(tmp_path, http_mirror):
         return project
 
     return make
+
+
+class Background:
+    """A command started in its own session, its output (stdout and stderr) going to a log
+    file that tests can wait on line by line."""
+
+    def __init__(self, project: Path, *args: str, log: Path, **env: str):
+        self.log_path = log
+        self._tree: list[psutil.Process] = []
+        cmd = [sys.executable if a == "python" else a for a in args]
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(cmd, cwd=project, env=project_env(project, **env),
+                                         stdout=out, stderr=subprocess.STDOUT, text=True,
+                                         start_new_session=True)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        wait_for(lambda: text in self.output() or self.proc.poll() is not None, timeout,
+                 f"{text!r} in the output")
+        assert text in self.output(), f"exited {self.proc.returncode} before printing " \
+                                      f"{text!r}\n{self.output()[-4000:]}"
+
+    def wait(self, timeout: float) -> int:
+        """The command's exit code, once it and every process it had started when it was
+        signalled have exited (torchrun's workers outlive a launcher that exits first)."""
+        code = self.proc.wait(timeout=timeout)
+        gone, alive = psutil.wait_procs(self._tree, timeout=timeout)
+        assert not alive, f"still running after {timeout} s: {alive}"
+        return code
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the command's process group, as `docker stop` signals a container."""
+        self._tree = descendants(self.proc.pid)
+        os.killpg(self.proc.pid, signum)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        kill_tree(self.proc.pid)
+        self.proc.wait(timeout=30)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (torchrun starts its workers in sessions of
+    their own, so killing a process group would leave them running)."""
+    try:
+        tree = [psutil.Process(pid), *descendants(pid)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

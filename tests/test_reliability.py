@@ -10,13 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from conftest import dvc, make_project, project_env, run, tiny_params, wait_for
+from conftest import Background, dvc, make_project, run, tiny_params, wait_for
 
 TINY = {"model": {"width": 4}, "train": {"epochs": 2, "batch_size": 32, "eval_batch_size": 64},
         "data": {"limit_train": 128, "limit_test": 64}, "strategies": ["ddp"]}
@@ -125,24 +124,20 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
                                                       "eval_batch_size": 64},
             "data": {"limit_train": 512, "limit_test": 64}}
     project = make_project(tmp_path / "project", tiny_params(http_mirror, **slow))
-    env = project_env(project)
-    proc = subprocess.Popen([shutil.which("dvc", path=env["PATH"]), "repro"], cwd=project,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        wait_for(lambda: (latest(project) or {}).get("epoch") == 1, 240, "epoch 1 checkpoint")
-        time.sleep(0.4)  # into epoch 2
-        os.killpg(proc.pid, signal.SIGTERM)  # what `docker stop` does to the whole container
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0, out
+    # rank 0 waits before step 2 of epoch 2 until the signal is there: it lands mid-epoch
+    with Background(project, "dvc", "repro", log=tmp_path / "repro.log",
+                    PARALLEL_LAB_FAULT="rank=0,epoch=2,step=2,action=hold") as repro:
+        repro.wait_for_output("fault: rank 0 holding before step 2 of epoch 2", timeout=240)
+        repro.signal_group(signal.SIGTERM)  # what `docker stop` does to the whole container
+        code = repro.wait(timeout=120)
+    out = repro.output()
+    assert code != 0, out
     record = latest(project)
-    assert record["epoch"] == 1 and record["step"] > 0, record  # mid-epoch 2
-    assert "SIGTERM: checkpointed" in out
+    # the ranks agreed on the next step boundary: step 3 of epoch 2 (0-based epoch 1)
+    assert (record["epoch"], record["step"]) == (1, 3), record
+    assert "SIGTERM: checkpointed at epoch 2 step 3" in out
     resumed = dvc(project, "repro", timeout=400)
-    assert "resuming at epoch 2 step" in resumed.stdout
+    assert "resuming at epoch 2 step 3" in resumed.stdout
     metrics = json.loads((project / "results/ddp/metrics.json").read_text())
     assert metrics["epochs"] == 3
     # identical to an uninterrupted run of the same configuration
@@ -214,22 +209,22 @@ def test_server_killed_mid_run_and_restarted_loses_nothing(tmp_path, http_mirror
     project = make_project(tmp_path / "project", tiny_params(http_mirror, **slow))
     run(project, "python", "-m", "pipeline.fetch")
     server.start()
-    env = project_env(project, MLFLOW_TRACKING_URI=server.uri)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.train", "ddp",
-                             "mlflow.final_sync_wait_s=180"], cwd=project,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        wait_for(lambda: 1 in epochs_in_mlflow(server.uri), 240, "epoch 1 in MLflow")
+    go_on = tmp_path / "server-is-down"
+    # rank 0 waits at the start of epoch 2 until the server has been killed
+    with Background(project, "python", "-m", "pipeline.train", "ddp",
+                    "mlflow.final_sync_wait_s=180", log=tmp_path / "train.log",
+                    MLFLOW_TRACKING_URI=server.uri,
+                    PARALLEL_LAB_FAULT=f"rank=0,epoch=2,action=hold,release={go_on}") as train:
+        train.wait_for_output("fault: rank 0 holding before step 0 of epoch 2", timeout=240)
+        wait_for(lambda: 1 in epochs_in_mlflow(server.uri), 120, "epoch 1 in MLflow")
         server.kill()
-        wait_for(lambda: (latest(project) or {}).get("epoch", 0) >= 3, 240, "epoch 3 locally")
+        go_on.touch()
+        train.wait_for_output("unreachable", timeout=240)  # an epoch's sync found it down
         server.start()  # the stage's final sync waits up to mlflow.final_sync_wait_s for it
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out
-    assert "unreachable" in out and "pending" in out
+        code = train.wait(timeout=300)
+    out = train.output()
+    assert code == 0, out
+    assert "pending" in out
     client, runs = mlflow_runs(server.uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")] \
