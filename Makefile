@@ -1,9 +1,9 @@
-# parallel-lab: one entry point.  make run | make test | make ui | make lock
+# parallel-lab: one entry point.  make run | make test | make test-fast | make lint | make ui
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run test ui lock clean
+.PHONY: install run test test-fast lint ui lock clean
 
 install: $(VENV)/.installed
 
@@ -18,8 +18,16 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 run: install  ## the whole pipeline: fetch -> train every strategy -> compare
 	dvc repro
 
-test: install  ## the test suite (CPU, a few minutes)
+test: install  ## every test, as CI runs it (CPU; see README "Tests" for what it needs)
 	$(PY) -m pytest
+
+test-fast: install  ## tests/unit: pure functions and single-process tests, under 3 minutes
+	$(PY) -m pytest tests/unit
+
+lint: install  ## ruff (lint and format check) and mypy over the package and the benchmarks
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 ui: install  ## MLflow UI on the embedded store: http://127.0.0.1:5000
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
@@ -31,4 +39,4 @@ lock:  ## re-resolve requirements.lock from pyproject.toml's pins
 	rm -rf .lock-venv
 
 clean:
-	rm -rf results reports data mlflow.db mlruns
+	rm -rf results reports data mlflow.db mlruns checkpoints

@@ -30,6 +30,7 @@ row's arithmetic: the datasheet dense peak for a GPU listed in GPU_PEAKS, else a
 measured here (the CPU's, on all its threads). The table is printed and written as JSON to
 benchmarks/results/<machine>-<date>.json with the targets for this kind of device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -51,13 +53,15 @@ import torch.nn.functional as F
 
 from pipeline import strategies
 from pipeline.config import Config, flatten, load_config
-from pipeline.context import DistContext
-from pipeline.data import steps_per_epoch, to_device
-from pipeline.fetch import OUT_DIR, load_tensors
-from pipeline.loaders import torchvision_root
-from pipeline.model import build_model
-from pipeline.precision import build_precision, configure_backends, cpu_has_native_bf16
-from pipeline.train import StopRequest, build_training, sync, train_epoch
+from pipeline.data.device_data import steps_per_epoch, to_device
+from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
+from pipeline.data.loaders import torchvision_root
+from pipeline.results import EpochRow
+from pipeline.training.build import build_training
+from pipeline.training.context import DistContext
+from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
+from pipeline.training.model import build_model
+from pipeline.training.precision import build_precision, configure_backends, cpu_has_native_bf16
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -70,36 +74,53 @@ GPU_PEAKS = {
 }
 FAST = {  # --fast defaults, chosen by measurement (README "Performance")
     # bf16 only where the CPU has bf16 instructions: emulated (AVX2) it ran 10x slower
-    "cpu": [f"train.precision={'bf16' if cpu_has_native_bf16() else 'fp32'}",
-            "train.channels_last=true", "train.compile=true"],
+    "cpu": [
+        f"train.precision={'bf16' if cpu_has_native_bf16() else 'fp32'}",
+        "train.channels_last=true",
+        "train.compile=true",
+    ],
     # at batch 256 an H100 step is bound by kernel launches: CUDA graphs remove them
-    "cuda": ["train.precision=bf16", "train.channels_last=true", "train.compile=true",
-             "train.compile_mode=reduce-overhead"],
+    "cuda": [
+        "train.precision=bf16",
+        "train.channels_last=true",
+        "train.compile=true",
+        "train.compile_mode=reduce-overhead",
+    ],
 }
 TARGETS = {  # (name, row, bound): see `check_targets`
-    "cuda": [("steady epoch <= 1.0 s (60k images)", "epoch_s_60k", 1.0),
-             ("MFU >= 20%", "mfu", 0.20), ("single_fast >= 10x baseline", "speedup", 10.0),
-             ("ddp <= 1.03x single", "ddp", 1.03), ("fsdp <= 1.10x single", "fsdp", 1.10),
-             ("dp <= 1.02x single", "dp", 1.02), ("MLflow logging <= 1%", "logging", 1.01)],
-    "cpu": [("single_fast >= 2x baseline (1.5x at the very least)", "speedup", 2.0),
-            ("MLflow logging <= 1%", "logging", 1.01)],
+    "cuda": [
+        ("steady epoch <= 1.0 s (60k images)", "epoch_s_60k", 1.0),
+        ("MFU >= 20%", "mfu", 0.20),
+        ("single_fast >= 10x baseline", "speedup", 10.0),
+        ("ddp <= 1.03x single", "ddp", 1.03),
+        ("fsdp <= 1.10x single", "fsdp", 1.10),
+        ("dp <= 1.02x single", "dp", 1.02),
+        ("MLflow logging <= 1%", "logging", 1.01),
+    ],
+    "cpu": [
+        ("single_fast >= 2x baseline (1.5x at the very least)", "speedup", 2.0),
+        ("MLflow logging <= 1%", "logging", 1.01),
+    ],
 }
 
 
 class BaselineRow:
     """The notes' d2l training loop (train_ch6 without its plotting), on the same model."""
 
-    name, precision, reference = "baseline", "fp32", None
+    name, precision = "baseline", "fp32"
+    reference: Optional[str] = None
 
     def __init__(self, args, device: torch.device, raw_dir: Path):
         from torchvision import datasets, transforms
 
         with tempfile.TemporaryDirectory() as root:
-            dataset = datasets.FashionMNIST(torchvision_root(raw_dir, Path(root)), train=True,
-                                            transform=transforms.ToTensor())
+            dataset = datasets.FashionMNIST(
+                torchvision_root(raw_dir, Path(root)), train=True, transform=transforms.ToTensor()
+            )
         dataset = torch.utils.data.Subset(dataset, range(min(len(dataset), args.limit_train)))
-        self.train_iter = torch.utils.data.DataLoader(dataset, args.batch_size, shuffle=True,
-                                                      num_workers=args.baseline_workers)
+        self.train_iter = torch.utils.data.DataLoader(
+            dataset, args.batch_size, shuffle=True, num_workers=args.baseline_workers
+        )
         self.samples = len(dataset)
         self.device = device
         self.net = build_model(args.width, args.seed).to(device)
@@ -108,8 +129,10 @@ class BaselineRow:
         self.notes = [f"DataLoader workers: {args.baseline_workers}"]
         if device.type == "cuda":  # PyTorch's default lets cuDNN convolutions use TF32
             self.precision = "tf32"
-            self.notes.append("fp32 tensors; convolutions on TF32 tensor cores (PyTorch's "
-                              "default), so MFU is against the TF32 peak")
+            self.notes.append(
+                "fp32 tensors; convolutions on TF32 tensor cores (PyTorch's "
+                "default), so MFU is against the TF32 peak"
+            )
 
     def epoch(self) -> float:
         if self.device.type == "cuda":  # PyTorch's defaults, which the notes ran with
@@ -129,7 +152,7 @@ class BaselineRow:
                 metric[0] += float(loss * X.shape[0])
                 metric[1] += float((y_hat.argmax(dim=1) == y).sum())
                 metric[2] += X.shape[0]
-        sync(self.device)
+        wait_for_device(self.device)
         return time.perf_counter() - start
 
 
@@ -138,57 +161,93 @@ class ProjectRow:
 
     reference: Optional[str] = None  # the row whose epoch time this one is compared with
 
-    def __init__(self, name: str, strategy: str, cfg: Config, ctx: DistContext, data,
-                 raw_dir: Path, tracker_dir: Optional[Path] = None):
+    def __init__(
+        self,
+        name: str,
+        strategy: str,
+        cfg: Config,
+        ctx: DistContext,
+        data,
+        raw_dir: Path,
+        tracker_dir: Optional[Path] = None,
+    ):
         self.name, self.cfg, self.ctx = name, cfg, ctx
         torch.manual_seed(cfg.seed)
         self.par, self.prec, self.loader, self.optimizer, self.loss_fn = build_training(
-            cfg, strategies.get(strategy), ctx, data, raw_dir)
+            cfg, strategies.get(strategy), ctx, data, raw_dir
+        )
         self.precision = self.prec.name
-        self.effective = (self.prec.name, self.loader.channels_last,
-                          cfg.train.compile and self.par.forward is not None)
+        self.effective = (
+            self.prec.name,
+            self.loader.channels_last,
+            cfg.train.compile and self.par.forward is not None,
+        )
         self.samples = self.loader.steps * cfg.train.batch_size
         self.totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
         self.stop = StopRequest()
         self.notes = list(self.par.notes)
-        self.index, self.history = 0, []
+        self.index, self.history = 0, list[EpochRow]()
         self.tracker = None if tracker_dir is None else start_tracker(cfg, ctx, name, tracker_dir)
 
     def epoch(self) -> float:
         configure_backends(self.prec, self.ctx.device)  # rows differ in process-wide flags
         start = time.perf_counter()
-        train_epoch(self.par, self.optimizer, self.loader, self.prec, self.loss_fn, self.cfg,
-                    self.index, 0, self.totals, self.stop, None, 0)
-        sync(self.ctx.device)
+        train_epoch(
+            self.par,
+            self.optimizer,
+            self.loader,
+            self.prec,
+            self.loss_fn,
+            self.cfg,
+            self.index,
+            0,
+            self.totals,
+            self.stop,
+            None,
+            0,
+        )
+        wait_for_device(self.ctx.device)
         loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
         self.totals.zero_()
         self.index += 1
         if self.tracker is not None:
             seconds = time.perf_counter() - start
-            self.history.append({"epoch": self.index, "train_loss": loss_sum / count,
-                                 "train_acc": correct / count, "epoch_seconds": seconds,
-                                 "samples_per_s": self.samples / seconds})
-            self.tracker.sync_soon(self.history)
+            # as the train stage logs an epoch (the test set is not evaluated here)
+            self.history.append(
+                EpochRow(
+                    self.index,
+                    loss_sum / count,
+                    correct / count,
+                    float("nan"),
+                    float("nan"),
+                    seconds,
+                    self.samples / seconds,
+                    seconds,
+                )
+            )
+            self.tracker.publish_soon(self.history)
         return time.perf_counter() - start
 
     def close(self) -> None:
         if self.tracker is not None:
             self.tracker.stop_system_metrics()
-            self.tracker.sync(self.history, finished=True)
+            self.tracker.publish(self.history, finished=True)
 
 
 def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
     """The train stage's tracker: a run in an MLflow store of its own (not the project's),
     system metrics at report.system_metrics_interval_s."""
-    from pipeline.provenance import gpu_uuids
-    from pipeline.tracking import Tracker, base_tags
+    from pipeline.tracking.mlflow_run import Tracker
+    from pipeline.tracking.provenance import base_tags, gpu_uuids
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory / 'mlflow.db'}"
-    tracker = Tracker(directory / "run.json", "bench", name, base_tags(), flatten(cfg),
-                      fingerprint=name)
-    tracker.sync([])
-    tracker.start_system_metrics(cfg.report.system_metrics_interval_s, gpu_uuids(ctx.gpus),
-                                 resume=False)
+    tracker = Tracker(
+        directory / "run.json", "bench", name, base_tags(), flatten(cfg), fingerprint=name
+    )
+    tracker.publish([])
+    tracker.start_system_metrics(
+        cfg.report.system_metrics_interval_s, gpu_uuids(ctx.gpus), resume=False
+    )
     return tracker
 
 
@@ -210,14 +269,15 @@ def measured_peak(device: torch.device, precision: str) -> float:
     repeats stop after two seconds: a CPU without bf16 instructions emulates bf16, where one
     2048-square bf16 product took 58 s (an AVX2-only EPYC)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}.get(
-        precision, torch.float32)
+        precision, torch.float32
+    )
     configure_backends(build_precision(precision, device), device)
 
     def product_seconds(n: int) -> float:
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         start = time.perf_counter()
         a @ b
-        sync(device)
+        wait_for_device(device)
         return time.perf_counter() - start
 
     n, largest = 512, 8192 if device.type == "cuda" else 2048
@@ -226,7 +286,7 @@ def measured_peak(device: torch.device, precision: str) -> float:
     times: list[float] = []
     while len(times) < 6 and sum(times) < 2.0:
         times.append(product_seconds(n))
-    return 2 * n ** 3 / min(times)
+    return 2 * n**3 / min(times)
 
 
 def peak(device: torch.device, precision: str, cache: dict) -> tuple[float, str]:
@@ -243,47 +303,72 @@ def peak(device: torch.device, precision: str, cache: dict) -> tuple[float, str]
 def machine(device: torch.device) -> tuple[str, dict]:
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in open("/proc/cpuinfo")
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
-    info = {"cpu": cpu, "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version()}
+    info = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-        label = info["gpu"]
+        label = info["gpu"] = torch.cuda.get_device_name(device)
     else:
         label = f"cpu{os.cpu_count()}-{cpu}"
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-"), info
 
 
-def build_rows(args, cfg_for: Callable[[list[str]], Config], ctx: DistContext, data,
-               raw_dir: Path, work: Path) -> tuple[list, dict[str, str]]:
+def build_rows(
+    args, cfg_for: Callable[[list[str]], Config], ctx: DistContext, data, raw_dir: Path, work: Path
+) -> tuple[list, dict[str, str]]:
     """The rows to time and, for rows that cannot run here, why not."""
-    rows, skipped = [BaselineRow(args, ctx.device, raw_dir)], {}
-    rows.append(ProjectRow("single_dataloader", "single", cfg_for(["data.loader=dataloader"]),
-                           ctx, data, raw_dir))
+    rows: list[BaselineRow | ProjectRow] = [BaselineRow(args, ctx.device, raw_dir)]
+    skipped: dict[str, str] = {}
+    rows.append(
+        ProjectRow(
+            "single_dataloader", "single", cfg_for(["data.loader=dataloader"]), ctx, data, raw_dir
+        )
+    )
     fast = ProjectRow("single_fast", "single", cfg_for(args.fast), ctx, data, raw_dir)
     rows.append(fast)
     references = {fast.effective: fast.name}
     for name in WRAPPERS:
-        if name not in strategies.names():
+        if name not in strategies.NAMES:
             skipped[name] = f"strategy {name!r} is not registered in pipeline/strategies"
             continue
         row = ProjectRow(name, name, cfg_for(args.fast), ctx, data, raw_dir)
         rows.append(row)
         if row.effective not in references:  # a `single` with what this wrapper really ran
             precision, channels_last, compiled = row.effective
-            ref = ProjectRow(f"single_as_{name}", "single", cfg_for(
-                [*args.fast, f"train.precision={precision}",
-                 f"train.channels_last={str(channels_last).lower()}",
-                 f"train.compile={str(compiled).lower()}"]), ctx, data, raw_dir)
+            ref = ProjectRow(
+                f"single_as_{name}",
+                "single",
+                cfg_for(
+                    [
+                        *args.fast,
+                        f"train.precision={precision}",
+                        f"train.channels_last={str(channels_last).lower()}",
+                        f"train.compile={str(compiled).lower()}",
+                    ]
+                ),
+                ctx,
+                data,
+                raw_dir,
+            )
             rows.append(ref)
             references[ref.effective] = ref.name
         row.reference = references[row.effective]
-    rows.append(ProjectRow("single_fast+mlflow", "single", cfg_for(args.fast), ctx, data,
-                           raw_dir, tracker_dir=work))
-    rows[-1].reference = fast.name
+    logged = ProjectRow(
+        "single_fast+mlflow", "single", cfg_for(args.fast), ctx, data, raw_dir, tracker_dir=work
+    )
+    logged.reference = fast.name
+    rows.append(logged)
     return rows, skipped
 
 
@@ -294,9 +379,12 @@ def paired_ratio(times: dict[str, list[float]], row: str, ref: str) -> float:
 
 def check_targets(kind: str, table: dict[str, dict]) -> list[dict]:
     fast = table["single_fast"]
-    values = {"epoch_s_60k": fast.get("epoch_s_60k"), "mfu": fast.get("mfu"),
-              "speedup": fast.get("speedup"),
-              "logging": table["single_fast+mlflow"].get("vs_ref")}
+    values = {
+        "epoch_s_60k": fast.get("epoch_s_60k"),
+        "mfu": fast.get("mfu"),
+        "speedup": fast.get("speedup"),
+        "logging": table["single_fast+mlflow"].get("vs_ref"),
+    }
     values.update({w: table[w]["vs_ref"] for w in WRAPPERS if table.get(w, {}).get("vs_ref")})
     out = []
     for name, key, bound in TARGETS[kind]:
@@ -325,11 +413,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=1, help="untimed epochs per row")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per row")
     parser.add_argument("--baseline-workers", type=int, default=4, help="the notes use 4")
-    parser.add_argument("--fast", nargs="*", default=FAST["cuda" if cuda else "cpu"],
-                        help="key=value settings of the fastest project rows")
-    parser.add_argument("--set", nargs="*", default=[],
-                        help="key=value settings for every project row")
-    parser.add_argument("--data", type=Path, default=OUT_DIR, help="the fetch stage's output")
+    parser.add_argument(
+        "--fast",
+        nargs="*",
+        default=FAST["cuda" if cuda else "cpu"],
+        help="key=value settings of the fastest project rows",
+    )
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="key=value settings for every project row"
+    )
+    parser.add_argument("--data", type=Path, default=DATA_DIR, help="the fetch stage's output")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
 
@@ -337,9 +430,15 @@ def main(argv: list[str] | None = None) -> dict:
     ctx = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0",) if cuda else ())
     if cuda:
         torch.cuda.set_device(device)
-    common = [f"model.width={args.width}", f"data.limit_train={args.limit_train}",
-              f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
-              f"seed={args.seed}", f"train.epochs={args.warmup + args.epochs}", *args.set]
+    common = [
+        f"model.width={args.width}",
+        f"data.limit_train={args.limit_train}",
+        f"train.batch_size={args.batch_size}",
+        f"train.lr={args.lr}",
+        f"seed={args.seed}",
+        f"train.epochs={args.warmup + args.epochs}",
+        *args.set,
+    ]
 
     def cfg_for(extra: list[str]) -> Config:
         return load_config(REPO / "params.yaml", [*common, *extra])
@@ -351,9 +450,13 @@ def main(argv: list[str] | None = None) -> dict:
     label, info = machine(device)
     with tempfile.TemporaryDirectory() as work:
         # one process group of one rank for ddp and fsdp; a file store needs no free port
-        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
-                                store=dist.FileStore(str(Path(work) / "store"), 1),
-                                device_id=device if cuda else None)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            rank=0,
+            world_size=1,
+            store=dist.FileStore(str(Path(work) / "store"), 1),
+            device_id=device if cuda else None,
+        )
         try:
             load_before = os.getloadavg()
             rows, skipped = build_rows(args, cfg_for, ctx, data, raw_dir, Path(work))
@@ -366,12 +469,19 @@ def main(argv: list[str] | None = None) -> dict:
                     except Exception as err:  # noqa: BLE001 - one row must not sink the run
                         first = (str(err).splitlines() or [""])[0]
                         failed[row.name] = f"{type(err).__name__}: {first}"
-                        print(f"bench: {row.name} failed: {failed[row.name]}", file=sys.stderr,
-                              flush=True)
+                        print(
+                            f"bench: {row.name} failed: {failed[row.name]}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         continue
                     times[row.name].append(seconds)
-                    print(f"bench: round {round_ + 1}/{args.warmup + args.epochs} {row.name}: "
-                          f"{seconds:.2f} s", file=sys.stderr, flush=True)
+                    print(
+                        f"bench: round {round_ + 1}/{args.warmup + args.epochs} {row.name}: "
+                        f"{seconds:.2f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             for row in rows:
                 getattr(row, "close", lambda: None)()
             rows = [r for r in rows if r.name not in failed]
@@ -381,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     flops = flops_per_image(args.width)
     peaks: dict = {}
-    timed = {name: t[args.warmup:] for name, t in times.items()}
+    timed = {name: t[args.warmup :] for name, t in times.items()}
     table: dict[str, dict] = {}
     base = rows[0]
     for row in rows:
@@ -389,14 +499,21 @@ def main(argv: list[str] | None = None) -> dict:
         rate = row.samples / seconds
         peak_flops, peak_source = peak(device, row.precision, peaks)
         entry = {
-            "status": "ok", "epoch_s": seconds, "first_epoch_s": times[row.name][0],
-            "samples_per_epoch": row.samples, "samples_per_s": rate,
+            "status": "ok",
+            "epoch_s": seconds,
+            "first_epoch_s": times[row.name][0],
+            "samples_per_epoch": row.samples,
+            "samples_per_s": rate,
             "epoch_s_60k": steps_per_epoch(FULL_TRAIN, args.batch_size) * args.batch_size / rate,
             "speedup": statistics.median(  # throughput over the baseline's, round by round
                 (row.samples / a) / (base.samples / b)
-                for a, b in zip(timed[row.name], timed[base.name])),
-            "precision": row.precision, "mfu": flops * rate / peak_flops,
-            "peak_flops": peak_flops, "peak_source": peak_source, "notes": row.notes,
+                for a, b in zip(timed[row.name], timed[base.name])
+            ),
+            "precision": row.precision,
+            "mfu": flops * rate / peak_flops,
+            "peak_flops": peak_flops,
+            "peak_source": peak_source,
+            "notes": row.notes,
             "epochs_s": times[row.name],
         }
         if row.reference and row.reference not in failed:
@@ -410,13 +527,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     kind = "cuda" if cuda else "cpu"
     result = {
-        "machine": label, "info": info, "date": date.today().isoformat(),
-        "settings": {"width": args.width, "limit_train": args.limit_train,
-                     "batch_size": args.batch_size, "warmup_epochs": args.warmup,
-                     "timed_epochs": args.epochs, "fast": args.fast, "set": args.set,
-                     "baseline_workers": args.baseline_workers},
-        "flops_per_image": flops, "load_average": {"before": load_before, "after": load_after},
-        "rows": table, "targets": check_targets(kind, table),
+        "machine": label,
+        "info": info,
+        "date": date.today().isoformat(),
+        "settings": {
+            "width": args.width,
+            "limit_train": args.limit_train,
+            "batch_size": args.batch_size,
+            "warmup_epochs": args.warmup,
+            "timed_epochs": args.epochs,
+            "fast": args.fast,
+            "set": args.set,
+            "baseline_workers": args.baseline_workers,
+        },
+        "flops_per_image": flops,
+        "load_average": {"before": load_before, "after": load_after},
+        "rows": table,
+        "targets": check_targets(kind, table),
     }
     out = args.out or RESULTS / f"{label}-{result['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -428,22 +555,27 @@ def main(argv: list[str] | None = None) -> dict:
 
 def render(result: dict) -> str:
     s = result["settings"]
-    lines = [f"{result['machine']} | width {s['width']}, {s['limit_train']} training images, "
-             f"batch {s['batch_size']}, median of {s['timed_epochs']} epochs after "
-             f"{s['warmup_epochs']} warm-up | load average {result['load_average']['before'][0]:.1f}"
-             f" -> {result['load_average']['after'][0]:.1f}",
-             "| row | s/epoch | 1st epoch s | samples/s | x baseline | vs reference | MFU | "
-             "precision | peak | notes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{result['machine']} | width {s['width']}, {s['limit_train']} training images, "
+        f"batch {s['batch_size']}, median of {s['timed_epochs']} epochs after "
+        f"{s['warmup_epochs']} warm-up | load average {result['load_average']['before'][0]:.1f}"
+        f" -> {result['load_average']['after'][0]:.1f}",
+        "| row | s/epoch | 1st epoch s | samples/s | x baseline | vs reference | MFU | "
+        "precision | peak | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in result["rows"].items():
         if r["status"] != "ok":
             lines.append(f"| {name} | {r['status']}: {r['reason']} |||||||||")
             continue
         vs = f"{r['vs_ref']:.3f}x {r['reference']}" if "vs_ref" in r else ""
-        lines.append(f"| {name} | {r['epoch_s']:.2f} | {r['first_epoch_s']:.2f} | "
-                     f"{r['samples_per_s']:.0f} | {r['speedup']:.2f} | {vs} | "
-                     f"{100 * r['mfu']:.1f}% | {r['precision']} | "
-                     f"{r['peak_flops'] / 1e9:.0f} GFLOP/s {r['peak_source']} | "
-                     f"{'; '.join(r['notes'])} |")
+        lines.append(
+            f"| {name} | {r['epoch_s']:.2f} | {r['first_epoch_s']:.2f} | "
+            f"{r['samples_per_s']:.0f} | {r['speedup']:.2f} | {vs} | "
+            f"{100 * r['mfu']:.1f}% | {r['precision']} | "
+            f"{r['peak_flops'] / 1e9:.0f} GFLOP/s {r['peak_source']} | "
+            f"{'; '.join(r['notes'])} |"
+        )
     lines.append("")
     for t in result["targets"]:
         value = "n/a" if t["value"] is None else f"{t['value']:.3g}"

@@ -3,13 +3,14 @@
     python -m benchmarks.profile_step --set train.precision=bf16 train.compile=true
     python -m benchmarks.profile_step --strategy ddp --steps 30 --trace $OUT/ddp.json
 
-Builds the strategy exactly as the train stage does (pipeline.train.build_training, world
+Builds the strategy exactly as the train stage does (pipeline.training.build.build_training, world
 size 1 for ddp/fsdp), trains --warmup steps untimed (compilation, cuDNN autotuning), then
 times --steps steps with the device synchronised only at the end, and profiles them. It
 prints the wall time per step, the device's busy time per step (sum of kernel times: when it
 is well under the wall time the step is bound by the host, launching kernels, not by the
 device), and the operators that took the most device time. --trace writes a Chrome trace.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,11 @@ import torch.distributed as dist
 from benchmarks.bench import REPO, flops_per_image
 from pipeline import strategies
 from pipeline.config import load_config
-from pipeline.context import DistContext
-from pipeline.data import to_device
-from pipeline.fetch import OUT_DIR, load_tensors
-from pipeline.train import StopRequest, build_training, sync, train_epoch
+from pipeline.data.device_data import to_device
+from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
+from pipeline.training.build import build_training
+from pipeline.training.context import DistContext
+from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20, help="profiled steps")
     parser.add_argument("--rows", type=int, default=12, help="operators listed")
     parser.add_argument("--trace", type=Path, help="write a Chrome trace here")
-    parser.add_argument("--data", type=Path, default=OUT_DIR, help="the fetch stage's output")
+    parser.add_argument("--data", type=Path, default=DATA_DIR, help="the fetch stage's output")
     args = parser.parse_args(argv)
 
     cuda = torch.cuda.is_available()
@@ -50,38 +52,46 @@ def main(argv: list[str] | None = None) -> None:
     limit = batch * (args.warmup + args.steps)
     data = to_device(load_tensors(args.data), device, limit, None)
     with tempfile.TemporaryDirectory() as work:
-        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
-                                store=dist.FileStore(str(Path(work) / "store"), 1),
-                                device_id=device if cuda else None)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            rank=0,
+            world_size=1,
+            store=dist.FileStore(str(Path(work) / "store"), 1),
+            device_id=device if cuda else None,
+        )
         try:
             torch.manual_seed(cfg.seed)
             par, prec, loader, optimizer, loss_fn = build_training(
-                cfg, strategies.get(args.strategy), ctx, data)
+                cfg, strategies.get(args.strategy), ctx, data
+            )
             totals = torch.zeros(3, device=device, dtype=torch.float64)
             stop = StopRequest()
 
             def steps(n: int, start: int) -> None:
                 # train_epoch over a slice of the epoch: the loader's steps start..start+n
                 loader.steps, real = start + n, loader.steps
-                train_epoch(par, optimizer, loader, prec, loss_fn, cfg, 0, start, totals,
-                            stop, None, 0)
+                train_epoch(
+                    par, optimizer, loader, prec, loss_fn, cfg, 0, start, totals, stop, None, 0
+                )
                 loader.steps = real
 
             steps(args.warmup, 0)
-            sync(device)
+            wait_for_device(device)
             activities = [torch.profiler.ProfilerActivity.CPU] + (
-                [torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                [torch.profiler.ProfilerActivity.CUDA] if cuda else []
+            )
             with torch.profiler.profile(activities=activities) as prof:
                 start = time.perf_counter()
                 steps(args.steps, args.warmup)
-                sync(device)
+                wait_for_device(device)
                 wall = (time.perf_counter() - start) / args.steps
             # a second, unprofiled pass: the profiler's own overhead inflates the first
             loader.steps = args.warmup + args.steps
             start = time.perf_counter()
-            train_epoch(par, optimizer, loader, prec, loss_fn, cfg, 1, args.warmup, totals,
-                        stop, None, 0)
-            sync(device)
+            train_epoch(
+                par, optimizer, loader, prec, loss_fn, cfg, 1, args.warmup, totals, stop, None, 0
+            )
+            wait_for_device(device)
             plain = (time.perf_counter() - start) / args.steps
         finally:
             dist.destroy_process_group()
@@ -91,12 +101,18 @@ def main(argv: list[str] | None = None) -> None:
     busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6 / args.steps if cuda else None
     flops = flops_per_image(cfg.model.width) * batch
     print(f"{args.strategy} {' '.join(args.set)} | batch {batch} | notes: {'; '.join(par.notes)}")
-    print(f"step: {1e3 * plain:.2f} ms unprofiled, {1e3 * wall:.2f} ms profiled; "
-          f"{flops / plain / 1e12:.1f} TFLOP/s; kernels per step: "
-          f"{len(kernels) / args.steps:.0f}" if cuda else f"step: {1e3 * plain:.2f} ms")
+    print(
+        f"step: {1e3 * plain:.2f} ms unprofiled, {1e3 * wall:.2f} ms profiled; "
+        f"{flops / plain / 1e12:.1f} TFLOP/s; kernels per step: "
+        f"{len(kernels) / args.steps:.0f}"
+        if cuda
+        else f"step: {1e3 * plain:.2f} ms"
+    )
     if busy is not None:  # against the unprofiled step: the profiler slows the host only
-        print(f"device busy {1e3 * busy:.2f} ms/step = {100 * busy / plain:.0f}% of the "
-              f"step ({'device' if busy > 0.8 * plain else 'host'}-bound)")
+        print(
+            f"device busy {1e3 * busy:.2f} ms/step = {100 * busy / plain:.0f}% of the "
+            f"step ({'device' if busy > 0.8 * plain else 'host'}-bound)"
+        )
     sort = "device_time_total" if cuda else "cpu_time_total"
     print(events.table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
     if args.trace:

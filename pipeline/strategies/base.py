@@ -1,27 +1,43 @@
-"""What every strategy module provides, and what it hands the shared training loop.
+"""What every strategy module provides (`Strategy`), and what it hands the shared training
+loop (`Parallel`).
 
-A strategy module (one per file in this package) exposes:
+A strategy module (one per file in this package, named in `pipeline.strategies.NAMES`) exposes:
 
     NAME: str
     def nproc(cfg: Config, n_gpus: int) -> int
         processes torchrun must start; raises UserError if the strategy cannot run as asked
-    def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel
-        applies the parallelism to a plain model that is already on ctx.device
+    def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
+        applies the parallelism to the plain model (the six blocks of
+        pipeline.training.model.resnet18), already on ctx.device
 
-The loop in pipeline/train.py drives every strategy through `Parallel` and branches on its
-capabilities (`pipeline_step`, `data_world`, ...), never on strategy names.
+The loop (pipeline/training/loop.py) drives every strategy through `Parallel` and branches on
+its capabilities (`pipeline_step`, `data_world`, ...), never on strategy names.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Optional
+from typing import Optional, Protocol
 
 import torch
 from torch import nn
 
+from pipeline.config import Config
+from pipeline.training.context import DistContext
 
-def _always_sync(_: bool) -> ContextManager:
+
+class Strategy(Protocol):
+    NAME: str
+
+    def nproc(self, cfg: Config, n_gpus: int) -> int: ...
+
+    def parallelize(self, model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel: ...
+
+
+def _always_reduce(_: bool) -> ContextManager:
     return nullcontext()
 
 
@@ -35,13 +51,14 @@ class Parallel:
     writer: bool  # this process logs to MLflow and writes results/ (exactly one does)
     devices: list[str]  # devices this run computes on, e.g. ["cuda:0", "cuda:1"] or ["cpu"]
     batch_split: list[int]  # samples each device gets per forward of one micro-batch
-    # grad_sync(is_last_micro_step): context for a micro-step's backward; gradient
-    # accumulation syncs gradients only on the last one.
-    grad_sync: Callable[[bool], ContextManager] = _always_sync
+    # reduce_grads_if(is_last_micro_step): context for a micro-step's backward; with gradient
+    # accumulation, gradients are reduced across ranks only in the last one's.
+    reduce_grads_if: Callable[[bool], ContextManager] = _always_reduce
     # pipelined strategies: (images, labels, training) -> logits on the loss-holding rank,
     # None elsewhere; runs forward (and backward when training) through the schedule.
-    pipeline_step: Optional[Callable[[torch.Tensor, torch.Tensor, bool],
-                                     Optional[torch.Tensor]]] = None
+    pipeline_step: Optional[
+        Callable[[torch.Tensor, torch.Tensor, bool], Optional[torch.Tensor]]
+    ] = None
     # the whole model's state_dict on the writer (a collective where the model is split)
     full_state_dict: Optional[Callable[[], dict]] = None
     # facts for the record, e.g. "dp on 1 device: runs unsplit"

@@ -9,6 +9,7 @@ replicas are summed into the one model on cuda:0.
 Without CUDA, DataParallel simply calls the model, so on the CPU this is `single` with a
 wrapper; the run records that in `notes`.
 """
+
 from __future__ import annotations
 
 from itertools import zip_longest
@@ -16,9 +17,9 @@ from itertools import zip_longest
 from torch import nn
 
 from pipeline.config import Config
-from pipeline.context import DistContext
-from pipeline.splits import dp_split
 from pipeline.strategies.base import Parallel
+from pipeline.strategies.batch_split import dp_split
+from pipeline.training.context import DistContext
 
 NAME = "dp"
 
@@ -27,7 +28,7 @@ def nproc(cfg: Config, n_gpus: int) -> int:
     return 1  # one process drives all devices
 
 
-def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
     n_gpus = len(ctx.gpus)
     data_parallel = nn.DataParallel(model, device_ids=list(range(n_gpus)))
     micro = cfg.train.batch_size // cfg.train.grad_accum
@@ -35,9 +36,16 @@ def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
     devices = device_names(ctx)
     # `module` is the plain model: it holds the parameters and its state_dict has no
     # "module." prefix, so results/dp/model.pt compares key for key with single's.
-    return Parallel(module=model, forward=data_parallel, data_rank=0, data_world=1, writer=True,
-                    devices=devices, batch_split=split, notes=[split_note(NAME, micro, split,
-                                                                          devices)])
+    return Parallel(
+        module=model,
+        forward=data_parallel,
+        data_rank=0,
+        data_world=1,
+        writer=True,
+        devices=devices,
+        batch_split=split,
+        notes=[split_note(NAME, micro, split, devices)],
+    )
 
 
 def device_names(ctx: DistContext) -> list[str]:
@@ -48,9 +56,11 @@ def split_note(name: str, micro: int, split: list[int], devices: list[str]) -> s
     """What happens to one micro-batch, for the record; says so when nothing is split."""
     if len(devices) == 1:
         return f"{name} on 1 device ({devices[0]}): runs unsplit; needs >=2 GPUs to split"
-    note = (f"{name}: each micro-batch of {micro} is split {'+'.join(map(str, split))} over "
-            f"{', '.join(devices)}")
-    idle = [device for device, size in zip_longest(devices, split, fillvalue=0) if size == 0]
+    note = (
+        f"{name}: each micro-batch of {micro} is split {'+'.join(map(str, split))} over "
+        f"{', '.join(devices)}"
+    )
+    idle = [str(device) for device, size in zip_longest(devices, split, fillvalue=0) if size == 0]
     if idle:
         note += f"; no samples on {', '.join(idle)}"
     return note

@@ -10,21 +10,23 @@ micro-step reduces (`set_requires_gradient_sync(False)` on the others).
 (BatchNorm's excepted, see `shard`) and reduces gradients in fp32; the sharded parameters the
 optimizer updates keep the model's dtype.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from pipeline.config import Config
-from pipeline.context import DistContext
 from pipeline.strategies.base import Parallel, gpu_count_or_nproc
 from pipeline.strategies.ddp import check_divisible
-from pipeline.sync_bn import convert_sync_batchnorm
+from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
+from pipeline.training.context import DistContext
 
 NAME = "fsdp"
 
@@ -57,31 +59,45 @@ def shard(model: nn.Sequential, mesh, mixed_precision: str) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
     if cfg.fsdp.sync_bn:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
     shard(model, init_device_mesh(ctx.device.type, (ctx.world_size,)), cfg.fsdp.mixed_precision)
 
+    sharded = cast(FSDPModule, model)  # fully_shard made the model an FSDPModule in place
+
     @contextmanager
-    def grad_sync(is_last: bool):
-        model.set_requires_gradient_sync(is_last)
+    def reduce_grads_if(is_last: bool):
+        sharded.set_requires_gradient_sync(is_last)
         yield
 
     def full_state_dict() -> dict:
         # full_tensor() all-gathers each sharded parameter: every rank must take part
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-                for k, v in model.state_dict().items()}
+        return {
+            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+            for k, v in model.state_dict().items()
+        }
 
     per_rank = cfg.train.batch_size // cfg.train.grad_accum // ctx.world_size
     notes = []
     if cfg.fsdp.mixed_precision != "none":
-        notes.append(f"fsdp mixed precision: {cfg.fsdp.mixed_precision} parameters in "
-                     f"forward/backward (BatchNorm's keep the model's dtype), fp32 gradient "
-                     f"reduction")
-    return Parallel(module=model, forward=model, data_rank=ctx.rank, data_world=ctx.world_size,
-                    writer=ctx.is_main, devices=ctx.devices_of_ranks(),
-                    batch_split=[per_rank] * ctx.world_size, grad_sync=grad_sync,
-                    full_state_dict=full_state_dict, notes=notes,
-                    # measured on an H100 (torch 2.11): with its per-block all-gather/free
-                    # hooks between graphs, reduce-overhead ran 24 s/epoch, 27x single's
-                    cuda_graphs=False)
+        notes.append(
+            f"fsdp mixed precision: {cfg.fsdp.mixed_precision} parameters in "
+            f"forward/backward (BatchNorm's keep the model's dtype), fp32 gradient "
+            f"reduction"
+        )
+    return Parallel(
+        module=model,
+        forward=model,
+        data_rank=ctx.rank,
+        data_world=ctx.world_size,
+        writer=ctx.is_main,
+        devices=ctx.devices_of_ranks(),
+        batch_split=[per_rank] * ctx.world_size,
+        reduce_grads_if=reduce_grads_if,
+        full_state_dict=full_state_dict,
+        notes=notes,
+        # measured on an H100 (torch 2.11): with its per-block all-gather/free
+        # hooks between graphs, reduce-overhead ran 24 s/epoch, 27x single's
+        cuda_graphs=False,
+    )

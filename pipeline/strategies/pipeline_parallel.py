@@ -1,9 +1,10 @@
-"""`pipeline`: model parallelism with torch.distributed.pipelining, one stage per process.
+"""`pipeline_parallel`: model parallelism with torch.distributed.pipelining, one stage per process.
 
-The six blocks of the ResNet (stem, four residual stages, head) are cut into `pipeline.stages`
-contiguous stages balanced by forward FLOPs; stage i runs on rank i (its own GPU on CUDA, a
-gloo process on the CPU). Each (micro-)step of the shared loop is one run of the schedule
-(GPipe or 1F1B) over `pipeline.microbatches` pipeline micro-batches: the first stage feeds the
+The six blocks of the ResNet (stem, four residual stages, head) are cut into
+`pipeline_parallel.stages` contiguous stages balanced by forward FLOPs; stage i runs on rank i
+(its own GPU on CUDA, a gloo process on the CPU). Each (micro-)step of the shared loop is one
+run of the schedule (GPipe or 1F1B) over `pipeline_parallel.microbatches` pipeline
+micro-batches: the first stage feeds the
 images, the last one holds the labels and the loss, so it is the writer.
 
 Gradients: the schedule's loss is the pipeline micro-batch mean / (microbatches x grad_accum)
@@ -15,48 +16,62 @@ BatchNorm: a stage normalises one pipeline micro-batch at a time, so with microb
 statistics and running averages come from batch_size / grad_accum / microbatches samples and
 training is not the computation `single` does; with microbatches = 1 it is the same one.
 """
+
 from __future__ import annotations
 
 import copy
 import itertools
 from collections import OrderedDict
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.config import Config
-from pipeline.context import DistContext
 from pipeline.errors import UserError
 from pipeline.strategies.base import Parallel
+from pipeline.training.context import DistContext
 
-NAME = "pipeline"
+NAME = "pipeline_parallel"
 
-MODEL_BLOCKS = 6  # stem, four residual stages, head (pipeline.model.resnet18)
-IMAGE_SHAPE = (1, 28, 28)  # one normalised Fashion-MNIST image (pipeline.data.normalize)
+MODEL_BLOCKS = 6  # stem, four residual stages, head (pipeline.training.model.resnet18)
+IMAGE_SHAPE = (
+    1,
+    28,
+    28,
+)  # one normalised Fashion-MNIST image (pipeline.data.device_data.normalize)
 
 
 def nproc(cfg: Config, n_gpus: int) -> int:
-    stages, chunks = cfg.pipeline.stages, cfg.pipeline.microbatches
+    stages, chunks = cfg.pipeline_parallel.stages, cfg.pipeline_parallel.microbatches
     if stages > MODEL_BLOCKS:
-        raise UserError(f"pipeline.stages: got {stages}, but the model has {MODEL_BLOCKS} blocks "
-                        f"to split; expected at most {MODEL_BLOCKS}")
+        raise UserError(
+            f"pipeline_parallel.stages: got {stages}, but the model has {MODEL_BLOCKS} blocks "
+            f"to split; expected at most {MODEL_BLOCKS}"
+        )
     if n_gpus and stages > n_gpus:
-        raise UserError(f"pipeline.stages: got {stages}, but only {n_gpus} GPU(s) are available "
-                        f"(one stage per GPU); expected at most {n_gpus}"
-                        + ("; with one GPU, leave pipeline out of strategies" if n_gpus == 1
-                           else ""))
+        raise UserError(
+            f"pipeline_parallel.stages: got {stages}, but only {n_gpus} GPU(s) are available "
+            f"(one stage per GPU); expected at most {n_gpus}"
+            + ("; with one GPU, leave pipeline out of strategies" if n_gpus == 1 else "")
+        )
     step_batch = cfg.train.batch_size // cfg.train.grad_accum
     if step_batch % chunks:
-        raise UserError(f"pipeline.microbatches: got {chunks}, which does not divide "
-                        f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
-                        f"{cfg.train.grad_accum} = {step_batch}")
-    if cfg.pipeline.schedule == "1f1b" and chunks < stages:
-        raise UserError(f"pipeline.microbatches: got {chunks}, schedule 1f1b needs at least "
-                        f"pipeline.stages = {stages}")
+        raise UserError(
+            f"pipeline_parallel.microbatches: got {chunks}, which does not divide "
+            f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
+            f"{cfg.train.grad_accum} = {step_batch}"
+        )
+    if cfg.pipeline_parallel.schedule == "1f1b" and chunks < stages:
+        raise UserError(
+            f"pipeline_parallel.microbatches: got {chunks}, schedule 1f1b needs at least "
+            f"pipeline_parallel.stages = {stages}"
+        )
     return stages
 
 
@@ -97,15 +112,13 @@ def stage_blocks(model: nn.Sequential, first: int, end: int) -> nn.Sequential:
     return nn.Sequential(OrderedDict((str(i), model[i]) for i in range(first, end)))
 
 
-def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
-    # Imported here: it pulls in torch._dynamo (about a CPU-second), and every process of
-    # every strategy imports this module through the registry.
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    stages, chunks = cfg.pipeline.stages, cfg.pipeline.microbatches
+def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
+    stages, chunks = cfg.pipeline_parallel.stages, cfg.pipeline_parallel.microbatches
     if ctx.world_size != stages:  # e.g. several nodes, each started with nproc() processes
-        raise UserError(f"pipeline.stages: got {stages}, but the job has {ctx.world_size} "
-                        f"processes; expected one process per stage (one node)")
+        raise UserError(
+            f"pipeline_parallel.stages: got {stages}, but the job has {ctx.world_size} "
+            f"processes; expected one process per stage (one node)"
+        )
     step_batch = cfg.train.batch_size // cfg.train.grad_accum
     flops = block_flops(model)
     bounds = split_points(flops, stages)
@@ -118,11 +131,10 @@ def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, labels) / loss_scale
 
-    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
+    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline_parallel.schedule]
     schedule = schedule_class(stage, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False)
 
-    def pipeline_step(x: torch.Tensor, y: torch.Tensor,
-                      training: bool) -> Optional[torch.Tensor]:
+    def pipeline_step(x: torch.Tensor, y: torch.Tensor, training: bool) -> Optional[torch.Tensor]:
         inputs = (x,) if stage.is_first else ()
         target = y if stage.is_last else None
         run = schedule.step if training else schedule.eval
@@ -130,16 +142,27 @@ def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
 
     def full_state_dict() -> dict:
         mine = {k: v.detach().cpu() for k, v in blocks.state_dict().items()}
-        parts = [None] * stages if stage.is_last else None
+        parts: list[Any] | None = [None] * stages if stage.is_last else None
         dist.gather_object(mine, parts, dst=stages - 1)  # a collective: every stage sends
         return {k: v for part in parts or () for k, v in part.items()}
 
     notes = [f"pipeline: blocks split at {bounds[1:-1]} by forward FLOPs per image {flops}"]
     if chunks > 1:
-        notes.append(f"pipeline: BatchNorm statistics per pipeline micro-batch of "
-                     f"{step_batch // chunks} samples ({chunks} micro-batches), not per "
-                     f"batch of {step_batch}: not the same computation as single")
-    return Parallel(module=blocks, forward=None, data_rank=0, data_world=1,
-                    writer=stage.is_last, devices=ctx.devices_of_ranks(),
-                    batch_split=[step_batch] * stages, pipeline_step=pipeline_step,
-                    full_state_dict=full_state_dict, notes=notes, eval_batch_size=step_batch)
+        notes.append(
+            f"pipeline: BatchNorm statistics per pipeline micro-batch of "
+            f"{step_batch // chunks} samples ({chunks} micro-batches), not per "
+            f"batch of {step_batch}: not the same computation as single"
+        )
+    return Parallel(
+        module=blocks,
+        forward=None,
+        data_rank=0,
+        data_world=1,
+        writer=stage.is_last,
+        devices=ctx.devices_of_ranks(),
+        batch_split=[step_batch] * stages,
+        pipeline_step=pipeline_step,
+        full_state_dict=full_state_dict,
+        notes=notes,
+        eval_batch_size=step_batch,
+    )

@@ -1,11 +1,12 @@
 """`single`: the plain model on one device (the first GPU in `devices`, else the CPU)."""
+
 from __future__ import annotations
 
 from torch import nn
 
 from pipeline.config import Config
-from pipeline.context import DistContext
 from pipeline.strategies.base import Parallel
+from pipeline.training.context import DistContext
 
 NAME = "single"
 
@@ -14,7 +15,14 @@ def nproc(cfg: Config, n_gpus: int) -> int:
     return 1
 
 
-def parallelize(model: nn.Module, cfg: Config, ctx: DistContext) -> Parallel:
+def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
     micro = cfg.train.batch_size // cfg.train.grad_accum
-    return Parallel(module=model, forward=model, data_rank=0, data_world=1, writer=True,
-                    devices=[str(ctx.device)], batch_split=[micro])
+    return Parallel(
+        module=model,
+        forward=model,
+        data_rank=0,
+        data_world=1,
+        writer=True,
+        devices=[str(ctx.device)],
+        batch_split=[micro],
+    )

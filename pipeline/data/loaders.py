@@ -1,0 +1,227 @@
+"""Training batches for the shared loop, two ways (`data.loader`), optionally augmented
+(`data.augment`: random 28x28 crop of the image padded by 4 black pixels, then a horizontal
+flip with probability 1/2, torchvision's RandomCrop(28, padding=4) + RandomHorizontalFlip).
+
+Both loaders yield, for each optimizer step, `(step, [(images, labels)] * grad_accum)`: this
+rank's micro-batches, normalised, in the model's dtype and memory format, on the device.
+
+`device` (default): the uint8 dataset already on the device (device_data.py); a batch is an
+index gather, augmentation is one batched gather with per-sample offsets drawn on the device.
+No DataLoader, no per-sample Python, no host sync.
+
+`dataloader`: what the source notes do. torchvision's FashionMNIST (PIL image per sample,
+ToTensor + Normalize, torchvision transforms for augmentation) in a DataLoader with
+`data.workers` worker processes, pinned memory on CUDA; with several data-parallel ranks a
+DistributedSampler gives each rank its share. Same global batch, same split of each batch
+over ranks (DistributedSampler strides over the shuffled order, as device_data.py does) and
+the same step count (the remainder is dropped). The order differs: the permutation comes from
+the samplers' CPU generator seeded with `seed + epoch` (every rank draws the same one; the
+single-rank RandomSampler is seeded to draw it too), not from device_data.py's generator on
+the training device, and augmentation draws from the global RNG instead of per position. So
+the two loaders train on the same samples per epoch in a different order, and an augmented
+dataloader run does not resume bit-exactly. Evaluation uses the device-resident test set
+either way, so test metrics are computed identically.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import Config
+from pipeline.data.device_data import (
+    MEAN,
+    STD,
+    DeviceData,
+    epoch_permutation,
+    micro_batch_indices,
+    normalize,
+    steps_per_epoch,
+)
+from pipeline.data.fashion_mnist import DATA_DIR, FILES
+
+PAD = 4  # pixels of black border the random crop chooses its window from
+SIZE = 28
+Step = tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+class Batches:
+    """What both loaders share: this rank's place, the input format, `prepare` (also what
+    evaluation feeds the device-resident test set through), and the contract the loop reads:
+    `steps` optimizer steps per epoch, `epoch(e, start_step)` yielding them."""
+
+    steps: int
+
+    def __init__(
+        self,
+        cfg: Config,
+        rank: int,
+        world: int,
+        dtype: torch.dtype,
+        channels_last: bool,
+        device: torch.device,
+    ):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.dtype, self.channels_last, self.device = dtype, channels_last, device
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
+        raise NotImplementedError
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, 28, 28] on the device -> the model's input."""
+        return to_model_input(normalize(images, self.dtype), self.channels_last)
+
+
+class DeviceBatches(Batches):
+    def __init__(self, data: DeviceData, *args):
+        super().__init__(*args)
+        self.data = data
+        self.steps = steps_per_epoch(len(data.train_labels), self.cfg.train.batch_size)
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
+        cfg = self.cfg
+        n = len(self.data.train_labels)
+        # one row per position of the epoch's order: [sample index, crop dy, crop dx, flip]
+        plan = epoch_permutation(cfg.seed, epoch, n, self.device)[:, None]
+        if cfg.data.augment:
+            plan = torch.cat([plan, augment_plan(cfg.seed, epoch, n, self.device)], 1)
+        accum = cfg.train.grad_accum
+        for step in range(start_step, self.steps):
+            micro_batches = []
+            for micro in range(accum):
+                rows = micro_batch_indices(
+                    plan, step, micro, cfg.train.batch_size, accum, self.rank, self.world
+                )
+                images = self.data.train_images[rows[:, 0]]
+                if cfg.data.augment:
+                    images = crop_flip(images, rows[:, 1:3], rows[:, 3].bool())
+                micro_batches.append((self.prepare(images), self.data.train_labels[rows[:, 0]]))
+            yield step, micro_batches
+
+
+def augment_plan(seed: int, epoch: int, n: int, device: torch.device) -> torch.Tensor:
+    """[n, 3] int64 per position of the epoch's order: crop offsets (dy, dx) in 0..8 and a
+    flip bit. Drawn for the whole epoch at once and indexed by position, so a sample gets the
+    same augmentation whichever rank trains it, and a resumed epoch replays it exactly."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + epoch) ^ 0xA46)  # not the permutation's stream
+    offsets = torch.randint(0, 2 * PAD + 1, (n, 2), generator=generator, device=device)
+    flips = torch.randint(0, 2, (n, 1), generator=generator, device=device)
+    return torch.cat([offsets, flips], 1)
+
+
+def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, 28, 28]: each image padded by 4 zero (black) pixels, cropped to 28x28 at its
+    (dy, dx), mirrored left-right where `flips`; one gather for the whole batch."""
+    padded = F.pad(images, (PAD, PAD, PAD, PAD))
+    span = torch.arange(SIZE, device=images.device)
+    rows = offsets[:, :1] + span
+    cols = offsets[:, 1:] + torch.where(flips[:, None], SIZE - 1 - span, span)
+    batch = torch.arange(len(images), device=images.device)[:, None, None]
+    return padded[batch, rows[:, :, None], cols[:, None, :]]
+
+
+def to_model_input(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+class DataLoaderBatches(Batches):
+    def __init__(self, *args, raw_dir: Path = DATA_DIR / "raw"):
+        from torchvision import datasets, transforms
+
+        super().__init__(*args)
+        augment = (
+            [transforms.RandomCrop(SIZE, padding=PAD), transforms.RandomHorizontalFlip()]
+            if self.cfg.data.augment
+            else []
+        )
+        transform = transforms.Compose(
+            [*augment, transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))]
+        )
+        with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as root:
+            # torchvision reads the whole split into memory here; the files can go after
+            dataset = datasets.FashionMNIST(
+                torchvision_root(raw_dir, Path(root)), train=True, transform=transform
+            )
+        n = min(len(dataset), self.cfg.data.limit_train or len(dataset))
+        self.dataset = torch.utils.data.Subset(dataset, range(n))
+        self.steps = steps_per_epoch(n, self.cfg.train.batch_size)
+
+    def rank_order(self, epoch: int) -> list[int]:
+        """This rank's sample indices for the epoch, in the order it trains on them."""
+        sampler: torch.utils.data.Sampler[int]
+        if self.world > 1:
+            sampler = torch.utils.data.DistributedSampler(
+                self.dataset,
+                num_replicas=self.world,
+                rank=self.rank,
+                shuffle=True,
+                seed=self.cfg.seed,
+                drop_last=True,
+            )
+            sampler.set_epoch(epoch)
+        else:
+            generator = torch.Generator()
+            generator.manual_seed(self.cfg.seed + epoch)  # DistributedSampler's seeding
+            sampler = torch.utils.data.RandomSampler(self.dataset, generator=generator)
+        return list(sampler)
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
+        train = self.cfg.train
+        per_step = train.batch_size // self.world  # this rank's samples per optimizer step
+        order = self.rank_order(epoch)[start_step * per_step : self.steps * per_step]
+        on_cuda = self.device.type == "cuda"
+        loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_size=per_step // train.grad_accum,
+            sampler=order,
+            num_workers=self.cfg.data.workers,
+            pin_memory=on_cuda,
+            drop_last=True,
+        )
+        micro = (
+            (self.prepare_float(x), y.to(self.device, non_blocking=on_cuda)) for x, y in loader
+        )
+        for step in range(start_step, self.steps):
+            yield step, list(itertools.islice(micro, train.grad_accum))
+
+    def prepare_float(self, x: torch.Tensor) -> torch.Tensor:
+        """A normalised fp32 batch from the DataLoader -> the model's input on the device."""
+        x = x.to(self.device, non_blocking=self.device.type == "cuda").to(self.dtype)
+        return to_model_input(x, self.channels_last)
+
+
+def torchvision_root(raw_dir: Path, root: Path) -> Path:
+    """Make `root` a torchvision dataset root: the fetched (MD5-checked) files, uncompressed,
+    in root/FashionMNIST/raw, which is where and how torchvision reads them."""
+    dest = root / "FashionMNIST" / "raw"
+    dest.mkdir(parents=True, exist_ok=True)
+    for pair in FILES.values():
+        for name in pair:
+            with gzip.open(raw_dir / name, "rb") as src, (dest / name[:-3]).open("wb") as out:
+                shutil.copyfileobj(src, out)
+    return root
+
+
+def make_batches(
+    data: DeviceData,
+    cfg: Config,
+    rank: int,
+    world: int,
+    dtype: torch.dtype,
+    channels_last: bool,
+    device: torch.device,
+    raw_dir: Path = DATA_DIR / "raw",
+) -> Batches:
+    """`raw_dir`: the fetched IDX files, which the dataloader path reads through torchvision."""
+    place = (cfg, rank, world, dtype, channels_last, device)
+    if cfg.data.loader == "device":
+        return DeviceBatches(data, *place)
+    return DataLoaderBatches(*place, raw_dir=raw_dir)

@@ -1,0 +1,52 @@
+"""Push to MLflow whatever the train stages kept locally while the tracking server was away.
+
+Training never waits for MLflow: each strategy's writer keeps its run's identity, params and
+tags in checkpoints/<strategy>/run.json and its per-epoch history in the checkpoint record,
+and pushes every epoch and at the end of the stage. If the server was still down then, run
+this once it is back (MLFLOW_TRACKING_URI names it): it creates missing runs, logs the epochs
+MLflow lacks (never twice), uploads the artifacts and sets the final status. Safe to run any
+number of times.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from pipeline.cli import parse_args
+from pipeline.config import load_config
+from pipeline.errors import UserError, exit_on_user_error, first_line
+from pipeline.tracking.store import check_tracking_uri, tracking_uri
+
+
+@exit_on_user_error
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args("pipeline.publish", __doc__, argv)
+    cfg = load_config("params.yaml", args.overrides)
+    check_tracking_uri(tracking_uri())
+    # Imported once the command line is read: it loads torch (checkpoint records), which
+    # --help and bad input need not wait for.
+    from pipeline.tracking.publish import publish_strategy
+
+    failed = []
+    for name in cfg.strategies:
+        try:
+            print(f"publish: {publish_strategy(name)}", flush=True)
+        except UserError:
+            raise
+        except Exception as err:  # noqa: BLE001 - report each strategy, then fail overall
+            failed.append(name)
+            print(
+                f"publish: {name}: MLflow at {tracking_uri()} unreachable: {first_line(err)}",
+                file=sys.stderr,
+                flush=True,
+            )
+    if failed:
+        raise UserError(
+            f"MLFLOW_TRACKING_URI: could not reach {tracking_uri()} for "
+            f"{', '.join(failed)}; everything is still kept locally, run again later"
+        )
+
+
+if __name__ == "__main__":
+    main()

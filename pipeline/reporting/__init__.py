@@ -1,0 +1,1 @@
+"""The comparison report (compare stage) and the experiments table."""

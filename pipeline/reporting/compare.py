@@ -1,0 +1,69 @@
+"""The compare stage's work: results/<strategy>/ of every strategy -> reports/, and the
+strategy runs grouped in MLflow under a parent run "comparison" holding the report.
+
+reports/:
+  summary.md, index.html  the table (table.py) and the plots (plots.py; pages.py)
+  summary.json            every column, keyed by strategy (DVC metrics)
+  accuracy.csv            test accuracy by epoch, one column per strategy (DVC plots)
+  accuracy_vs_epoch.png, accuracy_vs_time.png, throughput.png, memory.png
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.config import Config
+from pipeline.files import atomic_write
+from pipeline.reporting import table
+from pipeline.reporting.pages import html_page, markdown_page
+from pipeline.reporting.plots import PLOTS, write_plots
+from pipeline.results import read_history, read_summary
+from pipeline.strategies import NAMES
+from pipeline.tracking.comparison import close_comparison, open_comparison
+from pipeline.tracking.provenance import base_tags
+
+REPORTS = Path("reports")
+# the figures MLflow gets per strategy run, beside its per-epoch metrics
+CHILD_METRICS = (
+    "warmup_epoch_s",
+    "steady_epoch_s",
+    "steady_samples_per_s",
+    "speedup_vs_single",
+    "scaling_efficiency",
+    "acc_delta_vs_single",
+    "time_to_target_s",
+)
+REPORT_FILES = ("index.html", "summary.md", "summary.json", "accuracy.csv", *PLOTS)
+
+
+def compare(cfg: Config) -> str:
+    """Write reports/ and group the runs in MLflow; returns the table as markdown."""
+    target = cfg.report.target_accuracy
+    results = [read_summary(name) for name in cfg.strategies]
+    histories = {name: read_history(name) for name in cfg.strategies}
+    rows = table.comparison_rows(results, histories, target)
+    REPORTS.mkdir(exist_ok=True)
+    parent_id = open_comparison(
+        cfg.mlflow.experiment,
+        {**base_tags(), "dvc_stage": "compare", "strategies": ",".join(cfg.strategies)},
+        {"strategies": ",".join(cfg.strategies), "report.target_accuracy": target},
+    )
+
+    atomic_write(REPORTS / "summary.json", json.dumps(table.summary_json(rows), indent=2) + "\n")
+    atomic_write(REPORTS / "accuracy.csv", table.accuracy_wide(histories, list(NAMES)))
+    write_plots(rows, histories, target, REPORTS)
+    atomic_write(REPORTS / "summary.md", markdown_page(rows, target, parent_id))
+    atomic_write(REPORTS / "index.html", html_page(rows, target, parent_id, REPORTS))
+
+    if parent_id is not None:
+        close_comparison(
+            parent_id,
+            {r["mlflow_run_id"]: child_metrics(r) for r in rows if r["mlflow_run_id"]},
+            [REPORTS / name for name in REPORT_FILES],
+        )
+    return table.markdown_table(rows, target)
+
+
+def child_metrics(row: dict) -> dict[str, float]:
+    return {k: row[k] for k in CHILD_METRICS if row[k] is not None}

@@ -1,0 +1,157 @@
+"""The comparison's arithmetic and its table, as pure functions (no files, no plotting).
+
+Speed is judged on the steady state (pipeline.results.steady_seconds: the median of epochs
+2..n; the first epoch's one-off work is reported apart as the warm-up). Speedup and accuracy
+deltas are against `single` when it ran; scaling efficiency is speedup / devices.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from typing import Any, Optional
+
+from pipeline.results import EpochRow, RunSummary
+
+BASELINE = "single"
+
+
+def time_to_target(
+    history: list[EpochRow], target: Optional[float]
+) -> tuple[Optional[int], Optional[float]]:
+    """(epoch, wall seconds since training began) of the first epoch whose test accuracy
+    reached `target`; (None, None) if none did or there is no target."""
+    if target is None:
+        return None, None
+    for row in history:
+        if row.test_acc >= target:
+            return row.epoch, row.wall_seconds
+    return None, None
+
+
+def speedup(base_seconds: Optional[float], seconds: float) -> Optional[float]:
+    return None if base_seconds is None else base_seconds / seconds
+
+
+def scaling_efficiency(speedup_value: Optional[float], n_devices: int) -> Optional[float]:
+    """1.0 = perfect linear scaling over the devices (processes on the CPU) the run used."""
+    return None if speedup_value is None else speedup_value / n_devices
+
+
+def delta(value: float, base: Optional[float]) -> Optional[float]:
+    return None if base is None else value - base
+
+
+def comparison_rows(
+    results: list[RunSummary], histories: dict[str, list[EpochRow]], target: Optional[float]
+) -> list[dict[str, Any]]:
+    """One row per strategy: its metrics.json figures plus the cross-strategy columns."""
+    base = next((r for r in results if r.strategy == BASELINE), None)
+    rows = []
+    for r in results:
+        up = speedup(base.steady_epoch_seconds if base else None, r.steady_epoch_seconds)
+        epoch, seconds = time_to_target(histories[r.strategy], target)
+        rows.append(
+            {
+                "strategy": r.strategy,
+                "world_size": r.world_size,
+                "devices": r.devices,
+                "n_devices": len(r.devices),
+                "batch_split": r.batch_split,
+                "warmup_epoch_s": r.warmup_epoch_seconds,
+                "steady_epoch_s": r.steady_epoch_seconds,
+                "steady_samples_per_s": r.steady_samples_per_s,
+                "speedup_vs_single": up,
+                "scaling_efficiency": scaling_efficiency(up, len(r.devices)),
+                "test_acc": r.test_acc,
+                "best_test_acc": r.best_test_acc,
+                "acc_delta_vs_single": delta(r.test_acc, base.test_acc if base else None),
+                "epoch_to_target": epoch,
+                "time_to_target_s": seconds,
+                # memory_kind, peak_memory_mib, peak_reserved_mib, mem_imbalance and device 0's
+                # share of the peak memory ("gpu0_share", or "cpu0_share" on the CPU)
+                **r.memory,
+                "mlflow_run_id": r.mlflow_run_id,
+                "notes": r.notes,
+            }
+        )
+    return rows
+
+
+def _num(spec: str, suffix: str = "") -> Callable:
+    return lambda v, row: "n/a" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _target_cell(v, row) -> str:
+    return "not reached" if v is None else f"{v:.1f} s (epoch {row['epoch_to_target']})"
+
+
+def _memory_cell(v: dict, row) -> str:
+    return ", ".join(f"{label} {mib:.0f}" for label, mib in v.items())
+
+
+def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Callable]]:
+    """(row key, header, cell text) for every column of the table."""
+    memory = (
+        "peak allocated MiB per GPU" if memory_kind == "gpu" else "peak RSS (CPU) MiB per process"
+    )
+    return [
+        ("strategy", "strategy", lambda v, row: v),
+        ("world_size", "processes", lambda v, row: str(v)),
+        ("devices", "devices", lambda v, row: ", ".join(v)),
+        ("batch_split", "per-device batch", lambda v, row: "+".join(map(str, v))),
+        ("warmup_epoch_s", "warm-up s (epoch 1)", _num(".2f")),
+        ("steady_epoch_s", "steady s/epoch", _num(".2f")),
+        ("steady_samples_per_s", "steady samples/s", _num(".0f")),
+        ("speedup_vs_single", f"speedup vs {BASELINE}", _num(".2f", "x")),
+        ("scaling_efficiency", "scaling efficiency", _num(".0%")),
+        ("test_acc", "final test acc", _num(".4f")),
+        ("best_test_acc", "best test acc", _num(".4f")),
+        ("acc_delta_vs_single", f"acc delta vs {BASELINE}", _num("+.4f")),
+        (
+            "time_to_target_s",
+            "time to target" if target is None else f"time to acc {target:g}",
+            _target_cell if target is not None else lambda v, row: "no target set",
+        ),
+        ("peak_memory_mib", memory, _memory_cell),
+        ("mem_imbalance", "mem imbalance (max/mean)", _num(".2f")),
+    ]
+
+
+def table_cells(rows: list[dict], target: Optional[float]) -> tuple[list[str], list[list[str]]]:
+    cols = columns(target, rows[0]["memory_kind"])
+    return [h for _, h, _ in cols], [[fmt(row[k], row) for k, _, fmt in cols] for row in rows]
+
+
+def markdown_table(rows: list[dict], target: Optional[float]) -> str:
+    head, body = table_cells(rows, target)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines) + "\n"
+
+
+def html_table(rows: list[dict], target: Optional[float]) -> str:
+    head, body = table_cells(rows, target)
+    esc = html.escape
+    out = ["<table>", "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for cells in body]
+    return "\n".join(out + ["</table>"])
+
+
+def summary_json(rows: list[dict]) -> dict:
+    """reports/summary.json (DVC metrics): every column, keyed by strategy."""
+    skip = {"strategy", "notes"}
+    return {row["strategy"]: {k: v for k, v in row.items() if k not in skip} for row in rows}
+
+
+def accuracy_wide(histories: dict[str, list[EpochRow]], names: list[str]) -> str:
+    """CSV of test accuracy by epoch, one column per strategy in `names` (blank where a
+    strategy did not run): DVC can only plot columns it is told about in dvc.yaml, so the file
+    always has a column for every strategy the project knows."""
+    epochs = sorted({r.epoch for h in histories.values() for r in h})
+    by = {s: {r.epoch: r.test_acc for r in h} for s, h in histories.items()}
+    lines = [",".join(["epoch", *names])]
+    for e in epochs:
+        cells = [f"{by[s][e]:.6g}" if s in by and e in by[s] else "" for s in names]
+        lines.append(",".join([str(e), *cells]))
+    return "\n".join(lines) + "\n"

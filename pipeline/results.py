@@ -1,0 +1,155 @@
+"""results/<strategy>/: what a train stage leaves behind and the compare stage reads.
+
+    model.pt      final weights: the plain model's state_dict, whatever the strategy
+    metrics.json  `RunSummary` (DVC metrics)
+    history.csv   one `EpochRow` per epoch (DVC plots)
+    config.yaml   the resolved configuration the run used
+
+The per-epoch row and the run's summary are typed here, once: training fills them, the
+checkpoint record and MLflow carry them, reporting reads them back.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from pipeline.errors import UserError
+from pipeline.files import atomic_write
+
+RESULTS = Path("results")
+MODEL, METRICS, HISTORY, CONFIG = "model.pt", "metrics.json", "history.csv", "config.yaml"
+ARTIFACTS = (METRICS, HISTORY, CONFIG, MODEL)  # what each strategy's MLflow run gets
+
+
+@dataclass(frozen=True)
+class EpochRow:
+    """One epoch of one run: its training and test figures, time, and per-device memory."""
+
+    epoch: int  # 1-based
+    train_loss: float
+    train_acc: float
+    test_loss: float
+    test_acc: float
+    epoch_seconds: float  # training only, device synchronised at the end
+    samples_per_s: float
+    wall_seconds: float  # since training began (a resumed run goes on counting)
+    # pipeline.training.memory.epoch_metrics: "gpu3/peak_allocated_mib", "mem_imbalance", ...
+    memory: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """What MLflow logs for this epoch (at step = epoch)."""
+        return {**{name: float(getattr(self, name)) for name in HISTORY_COLUMNS[1:]}, **self.memory}
+
+    def to_record(self) -> dict[str, Any]:
+        """The flat mapping a checkpoint record keeps."""
+        return {**{name: getattr(self, name) for name in HISTORY_COLUMNS}, **self.memory}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> EpochRow:
+        known = {name: record[name] for name in HISTORY_COLUMNS if name in record}
+        memory = {k: v for k, v in record.items() if k not in HISTORY_COLUMNS}
+        return cls(**known, memory=memory)
+
+
+HISTORY_COLUMNS = tuple(f.name for f in dataclasses.fields(EpochRow) if f.name != "memory")
+
+
+@dataclass
+class RunSummary:
+    """results/<strategy>/metrics.json: the run's final figures."""
+
+    strategy: str
+    world_size: int
+    devices: list[str]
+    batch_split: list[int]
+    epochs: int
+    test_acc: float
+    best_test_acc: float
+    test_loss: float
+    train_loss: float
+    epoch_seconds: float
+    samples_per_s: float
+    total_seconds: float
+    warmup_epoch_seconds: float
+    steady_epoch_seconds: float
+    steady_samples_per_s: float
+    # pipeline.training.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
+    # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share")
+    memory: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    mlflow_run_id: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("memory", "notes", "mlflow_run_id")
+        }
+        return {**out, **self.memory, "notes": self.notes, "mlflow_run_id": self.mlflow_run_id}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        names = {f.name for f in dataclasses.fields(cls)} - {"memory"}
+        return cls(
+            **{k: v for k, v in data.items() if k in names},
+            memory={k: v for k, v in data.items() if k not in names},
+        )
+
+
+def warmup_seconds(epoch_seconds: list[float]) -> float:
+    """The first epoch: it pays for one-off work (allocator growth, cuDNN autotuning, NCCL
+    set-up, compilation), so it is reported apart."""
+    return epoch_seconds[0]
+
+
+def steady_seconds(epoch_seconds: list[float]) -> float:
+    """Median of the epochs after the first; with one epoch there is no steady state and that
+    epoch stands in (the warm-up then equals the steady figure)."""
+    rest = epoch_seconds[1:] or epoch_seconds
+    return statistics.median(rest)
+
+
+def write_results(
+    out_dir: Path, state: dict, history: list[EpochRow], summary: RunSummary, config_yaml: str
+) -> None:
+    """Every file is written beside its final name and renamed into place."""
+    import torch  # only the writer of model.pt needs it
+
+    atomic_write(out_dir / MODEL, lambda path: torch.save(state, path))
+    atomic_write(out_dir / HISTORY, history_csv(history))
+    atomic_write(out_dir / CONFIG, config_yaml)
+    atomic_write(out_dir / METRICS, json.dumps(summary.to_json(), indent=2) + "\n")
+
+
+def history_csv(history: list[EpochRow]) -> str:
+    lines = [",".join(HISTORY_COLUMNS)]
+    for row in history:
+        values = (getattr(row, name) for name in HISTORY_COLUMNS)
+        lines.append(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values))
+    return "\n".join(lines) + "\n"
+
+
+def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
+    path = results / strategy / METRICS
+    try:
+        return RunSummary.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: not found; run its train stage first (dvc repro train@{strategy})"
+        ) from None
+    except (json.JSONDecodeError, TypeError) as err:
+        raise UserError(f"{path}: not a metrics file of this project ({err})") from None
+
+
+def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:
+    with (results / strategy / HISTORY).open(newline="") as f:
+        return [
+            EpochRow.from_record({k: int(v) if k == "epoch" else float(v) for k, v in row.items()})
+            for row in csv.DictReader(f)
+        ]

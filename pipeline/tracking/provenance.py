@@ -1,0 +1,113 @@
+"""Where a run came from, as MLflow tags: inputs, software stack, hardware, container.
+
+Every lookup is None-safe: on a machine without GPUs (or without NVML) the GPU-side tags say
+"none" instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+IMAGE_ENV = "PARALLEL_LAB_IMAGE"  # set by whoever builds the container to its image reference
+
+
+def file_sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "absent"
+
+
+def _safe(get: Callable[[], object]) -> str:
+    try:
+        value = get()
+    except Exception:  # noqa: BLE001 - a missing library or device is a fact to record
+        return "none"
+    return "none" if value is None else str(value)
+
+
+def nvidia_driver() -> Optional[str]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlSystemGetDriverVersion()
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def stack_tags(root: Path = Path(".")) -> dict[str, str]:
+    """Tags for every run: input hashes and the software stack, whether or not it uses GPUs."""
+    import torch
+
+    return {
+        # dvc.lock as it stood when the run began: during `dvc repro` it gains each stage's
+        # entry as the stage finishes
+        "params_sha256": file_sha256(root / "params.yaml"),
+        "dvc_lock_sha256": file_sha256(root / "dvc.lock"),
+        "torch": torch.__version__,
+        "cuda": _safe(lambda: torch.version.cuda),
+        "cudnn": _safe(torch.backends.cudnn.version),
+        "nccl": _safe(lambda: ".".join(map(str, torch.cuda.nccl.version()))),
+        "nvidia_driver": _safe(nvidia_driver),
+        "container_image": os.environ.get(IMAGE_ENV) or "none",
+    }
+
+
+def gpu_tags(gpus: tuple[str, ...]) -> dict[str, str]:
+    """Names of the GPUs the run uses, by physical id: "3: NVIDIA H100, 5: NVIDIA H100"."""
+    if not gpus:
+        return {"gpu_names": "none (CPU)"}
+    import torch
+
+    names = [_safe(functools.partial(torch.cuda.get_device_name, j)) for j in range(len(gpus))]
+    return {"gpu_names": ", ".join(f"{g}: {n}" for g, n in zip(gpus, names))}
+
+
+def gpu_uuids(gpus: tuple[str, ...]) -> Optional[dict[str, str]]:
+    """Physical id -> NVML UUID ("GPU-..."), so an NVML sampler can pick exactly these GPUs
+    (NVML numbers GPUs in PCI order, which need not be CUDA's); None if CUDA cannot say."""
+    import torch
+
+    try:
+        return {g: f"GPU-{torch.cuda.get_device_properties(j).uuid}" for j, g in enumerate(gpus)}
+    except Exception:  # noqa: BLE001 - then the sampler keeps MLflow's choice of GPUs
+        return None
+
+
+def git_state(cwd: Path | None = None) -> dict[str, str]:
+    """Commit and dirty flag of the repository, or 'unknown' outside one."""
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_commit": commit or "unknown",
+        "git_dirty": "unknown" if status is None else str(bool(status)).lower(),
+    }
+
+
+def base_tags() -> dict[str, str]:
+    git = git_state()
+    return {
+        **git,
+        "mlflow.source.git.commit": git["git_commit"],
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        **stack_tags(),
+    }

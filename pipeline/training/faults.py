@@ -1,0 +1,123 @@
+"""Fault injection, for tests only: make one rank die, or wait, at a chosen point.
+
+    PARALLEL_LAB_FAULT="rank=1,epoch=2,step=3"            # before step 3 of epoch 2 (1-based epoch)
+    PARALLEL_LAB_FAULT="rank=0,epoch=1,point=checkpoint"  # mid checkpoint write of epoch 1
+    PARALLEL_LAB_FAULT="rank=0,epoch=2,step=2,action=hold"          # wait there for SIGTERM
+    PARALLEL_LAB_FAULT="rank=0,epoch=2,action=hold,release=/tmp/go"  # ... or for that file
+
+Points: `start` (after setup, before training), `step` (before optimizer step `step` of
+`epoch`, the default), `eval` (before evaluating `epoch`), `checkpoint` (after this rank's
+checkpoint file is written, before the checkpoint is committed), `end` (after training,
+before results are written).
+
+Actions: `kill` (the default) kills the process with SIGKILL (no cleanup, like an OOM kill or
+a lost node). `hold` prints one line, `fault: rank R holding before step S of epoch E ...`,
+and waits there until a SIGTERM has arrived (at `step`) or the `release` file exists: a test
+waits for that line and
+then acts (sends SIGTERM, kills a node, stops a server) at a known point of the run, instead
+of guessing where a running job is. A fault fires only on torchrun's first attempt, so a
+restarted job runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pipeline.errors import UserError
+
+ENV = "PARALLEL_LAB_FAULT"
+POINTS = ("start", "step", "eval", "checkpoint", "end")
+ACTIONS = ("kill", "hold")
+HOLD_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    point: str = "step"
+    epoch: int = 1
+    step: int = 0
+    action: str = "kill"
+    release: Optional[str] = None  # hold: the file whose appearance ends the wait
+
+    def fire_if(
+        self,
+        point: str,
+        rank: int,
+        epoch: int = 1,
+        step: int = 0,
+        signalled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Fire when (point, rank, epoch, step) is this fault's place. `signalled` tells a
+        hold that SIGTERM has arrived."""
+        if (point, rank) != (self.point, self.rank):
+            return
+        if not (
+            point in ("start", "end")
+            or (epoch == self.epoch and (point != "step" or step == self.step))
+        ):
+            return
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        where = {
+            "step": f"before step {step} of epoch {epoch}",
+            "start": "at the start",
+            "end": "at the end",
+        }.get(point, f"at {point} of epoch {epoch}")
+        print(
+            f"fault: rank {rank} holding {where} until SIGTERM"
+            f"{' or ' + self.release if self.release else ''}",
+            flush=True,
+        )
+        while not signalled() and not (self.release and Path(self.release).exists()):
+            time.sleep(HOLD_POLL_S)
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    if not text:
+        return None
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise UserError(
+                f"{ENV}: got {text!r}, expected key=value pairs like rank=1,epoch=2,step=3"
+            )
+        fields[key.strip()] = value.strip()
+    unknown = set(fields) - {"rank", "point", "epoch", "step", "action", "release"}
+    if unknown or "rank" not in fields:
+        raise UserError(
+            f"{ENV}: got {text!r}, expected rank=R plus any of point, epoch, step, action, release"
+        )
+    point = fields.get("point", "step")
+    if point not in POINTS:
+        raise UserError(f"{ENV}: point {point!r}, expected one of {', '.join(POINTS)}")
+    action = fields.get("action", "kill")
+    if action not in ACTIONS:
+        raise UserError(f"{ENV}: action {action!r}, expected one of {', '.join(ACTIONS)}")
+    try:
+        return Fault(
+            rank=int(fields["rank"]),
+            point=point,
+            epoch=int(fields.get("epoch", 1)),
+            step=int(fields.get("step", 0)),
+            action=action,
+            release=fields.get("release"),
+        )
+    except ValueError:
+        raise UserError(
+            f"{ENV}: got {text!r}, expected integers for rank, epoch and step"
+        ) from None
+
+
+def fault_from_env(env: Mapping[str, str] | None = None) -> Fault | None:
+    source = os.environ if env is None else env
+    if source.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None  # a restarted job must be able to finish
+    return parse_fault(source.get(ENV))

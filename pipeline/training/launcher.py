@@ -1,0 +1,147 @@
+"""Start one strategy's training under torchrun with the right number of processes.
+
+`python -m pipeline.train STRATEGY` lands here when it is not yet under torchrun: the config
+is validated, the devices resolved and the outputs checked in this one process, so bad input
+fails fast with one line and exit code 2 instead of N tracebacks; then torchrun starts the
+workers with the chosen GPUs as CUDA_VISIBLE_DEVICES (set before any worker initialises CUDA).
+A user error a worker finds later comes back the same way (one line, exit 2) through a file.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from pipeline import strategies
+from pipeline.config import load_config
+from pipeline.data.fashion_mnist import DATA_DIR, TENSORS
+from pipeline.errors import USER_ERROR_EXIT, UserError
+from pipeline.results import RESULTS
+from pipeline.tracking.store import check_tracking_uri, tracking_uri
+from pipeline.training.checkpoint import ROOT as CHECKPOINTS
+from pipeline.training.checkpoint import Checkpointer
+from pipeline.training.devices import choose_devices
+from pipeline.training.faults import ENV as FAULT_ENV
+from pipeline.training.faults import parse_fault
+from pipeline.training.topology import (
+    Topology,
+    check_multi_node,
+    lost_node_hint,
+    resolve_topology,
+    torchrun_args,
+    worker_overrides,
+)
+
+ERROR_FILE_ENV = "PARALLEL_LAB_ERROR_FILE"  # where a worker leaves its one-line user error
+
+
+def under_torchrun(env) -> bool:
+    """Whether this process is one of torchrun's workers (or the launcher before it)."""
+    return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
+
+
+def torchrun_command(
+    strategy: str, nproc: int, max_restarts: int, overrides: list[str], topology: Topology
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args(nproc, max_restarts, topology),
+        "-m",
+        "pipeline.train",
+        strategy,
+        *worker_overrides(overrides),
+    ]
+
+
+def check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise UserError(
+            f"{directory}/: not writable ({err.strerror}); expected a directory "
+            "this user can create files in"
+        ) from None
+
+
+def launch(name: str, overrides: list[str]) -> int:
+    """Validate, then run the strategy's workers under torchrun; torchrun's exit code, or 2
+    with one line for a user error found by a worker."""
+    strategy = strategies.get(name)
+    cfg = load_config("params.yaml", overrides)
+    check_tracking_uri(tracking_uri())
+    parse_fault(os.environ.get(FAULT_ENV))
+    gpus = choose_devices(cfg.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    nproc = strategy.nproc(cfg, len(gpus))
+    topology = resolve_topology(cfg.dist, os.environ, name)
+    check_multi_node(name, topology, nproc, cfg.train.batch_size, cfg.train.grad_accum)
+    for directory in (RESULTS / name, CHECKPOINTS / name):
+        check_writable(directory)
+    if not (DATA_DIR / TENSORS).exists():
+        raise UserError(
+            f"{DATA_DIR / TENSORS}: not found; run the fetch stage first (dvc repro fetch)"
+        )
+    with tempfile.NamedTemporaryFile(prefix="parallel-lab-error-", suffix=".txt") as error_file:
+        # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine.
+        env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            ERROR_FILE_ENV: error_file.name,
+        }
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        cmd = torchrun_command(name, nproc, cfg.checkpoint.max_restarts, overrides, topology)
+        where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+        if topology.multi_node:
+            where += f", this node of {topology.nnodes}"
+        print(f"launch[{name}]: {nproc} process(es) on {where}: {shlex.join(cmd[1:])}", flush=True)
+        code = run_forwarding_signals(cmd, env, Path(error_file.name))
+        user_error = Path(error_file.name).read_text().strip()
+    if code != 0 and user_error:
+        print(f"error: {user_error}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    if code != 0 and topology.multi_node:
+        found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
+        at = (found[0].epoch, found[0].step) if found else None
+        print(f"error: {lost_node_hint(name, code, topology, at)}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> int:
+    """Run torchrun; a SIGTERM/SIGINT sent to this process (docker stop, Ctrl-C) goes on to
+    it, so the workers checkpoint instead of being orphaned. Its stderr is passed through
+    until a worker reports a user error: torchrun's failure report after that is noise around
+    the one line the user needs, which the caller prints."""
+    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    stderr = child.stderr
+    assert stderr is not None  # stderr=PIPE
+
+    def relay() -> None:
+        for line in stderr:
+            if error_file.stat().st_size == 0:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    relay_thread = threading.Thread(target=relay, daemon=True)
+    relay_thread.start()
+
+    def forward(signum, frame) -> None:
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = child.wait()
+        relay_thread.join(timeout=10)
+        return code
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

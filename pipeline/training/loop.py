@@ -1,0 +1,158 @@
+"""The training loop every strategy shares: one epoch of optimizer steps, evaluation, and the
+totals they add up. A strategy enters only through its `Parallel`.
+
+Nothing here waits for the GPU: per-batch loss and accuracy are summed into a tensor on the
+device, and read back once per epoch (`reduce_totals`).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from pipeline.config import Config
+from pipeline.data.device_data import DeviceData, eval_shard
+from pipeline.data.loaders import Batches
+from pipeline.strategies.base import Parallel
+from pipeline.training.context import DistContext
+from pipeline.training.faults import Fault
+from pipeline.training.optim import lr_at, set_lr
+from pipeline.training.precision import Precision, graph_step_marker
+
+
+class StopRequest:
+    """SIGTERM (what `docker stop` sends) asks for a checkpoint and a clean exit. Ranks must
+    agree on the step to stop at, so the flag is combined over a CPU (gloo) group at every
+    step boundary: a host-side message, no GPU sync."""
+
+    def __init__(self, group=None, world_size: int = 1):
+        self.flag = False
+        self.group, self.world_size = group, world_size
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        self.flag = True
+
+    def agreed(self) -> bool:
+        if self.world_size == 1:
+            return self.flag
+        vote = torch.tensor([int(self.flag)])
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(vote.item())
+
+
+def train_epoch(
+    par: Parallel,
+    optimizer: torch.optim.Optimizer,
+    loader: Batches,
+    prec: Precision,
+    loss_fn,
+    cfg: Config,
+    epoch: int,
+    start_step: int,
+    totals: torch.Tensor,
+    stop: StopRequest,
+    fault: Fault | None,
+    rank: int,
+    progress: bool = False,
+) -> int | None:
+    """Optimizer steps start_step.. of one pass over the shuffled training set, adding
+    [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
+    here waits for the GPU. Returns the step it stopped before on SIGTERM, else None."""
+    accum = cfg.train.grad_accum
+    forward, pipelined = par.forward, par.pipeline_step  # a strategy gives one or the other
+    new_graph_step = graph_step_marker(cfg.train, par.cuda_graphs)
+    par.module.train()
+    steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
+    if progress:  # a bar on a terminal; log files get the one line per epoch instead
+        steps = tqdm(
+            steps,
+            total=loader.steps - start_step,
+            desc=f"epoch {epoch + 1}",
+            leave=False,
+            unit="step",
+        )
+    for step, micro_batches in steps:
+        if stop.agreed():
+            return step
+        if fault is not None:
+            fault.fire_if("step", rank, epoch + 1, step, signalled=lambda: stop.flag)
+        set_lr(optimizer, lr_at(cfg.train, epoch * loader.steps + step, loader.steps))
+        for micro, (x, y) in enumerate(micro_batches):
+            new_graph_step()  # the last step's outputs are consumed (totals are queued)
+            with par.reduce_grads_if(micro == accum - 1):
+                if pipelined is not None:
+                    with prec.autocast():  # the schedule runs forward and backward itself
+                        logits = pipelined(x, y, True)
+                else:
+                    assert forward is not None
+                    with prec.autocast():
+                        logits = forward(x)
+                        # mean over this rank's share; DDP/FSDP average over ranks, and
+                        # / accum makes the accumulated gradient the mean over the global batch
+                        loss = loss_fn(logits, y.to(logits.device)) / accum
+                    prec.backward(loss)  # scaled first when fp16 needs it
+            if logits is not None:
+                totals += batch_totals(logits.detach(), y)
+        prec.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+    return None
+
+
+def batch_totals(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    labels = labels.to(logits.device)
+    loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
+    correct = (logits.argmax(1) == labels).sum()
+    # a fill kernel, not torch.tensor(): a host->device copy would wait for the GPU
+    count = torch.full((), len(labels), dtype=torch.float64, device=logits.device)
+    return torch.stack([loss_sum.double(), correct.double(), count])
+
+
+@torch.no_grad()
+def evaluate(
+    par: Parallel,
+    data: DeviceData,
+    loader: Batches,
+    prec: Precision,
+    cfg: Config,
+    device: torch.device,
+) -> torch.Tensor:
+    """[loss_sum, correct, count] over this rank's share of the whole test set."""
+    par.module.eval()
+    batch = par.eval_batch_size or cfg.train.eval_batch_size
+    forward, pipelined = par.forward, par.pipeline_step
+    new_graph_step = graph_step_marker(cfg.train, par.cuda_graphs)
+    batches, counts = eval_shard(len(data.test_labels), par.data_rank, par.data_world, batch)
+    totals = torch.zeros(3, device=device, dtype=torch.float64)
+    for idx, count in zip(batches, counts):
+        idx = idx.to(device)
+        x, y = loader.prepare(data.test_images[idx]), data.test_labels[idx]
+        new_graph_step()
+        with prec.autocast():
+            if pipelined is not None:
+                logits = pipelined(x, y, False)
+            else:
+                assert forward is not None  # a strategy gives one or the other
+                logits = forward(x)
+        if logits is not None and count > 0:
+            totals += batch_totals(logits[:count], y[:count]).to(device)
+    return totals
+
+
+def reduce_totals(totals: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
+    """Sum [loss_sum, correct, count] over ranks -> (mean loss, accuracy). One host sync."""
+    if ctx.world_size > 1:
+        dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    count = max(count, 1.0)
+    return loss_sum / count, correct / count
+
+
+def wait_for_device(device: torch.device) -> None:
+    """Block until the GPU has finished what was queued (epoch timing); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,179 @@
+"""Per-device peak memory of one epoch: reset, read, gather to the writer, summarize.
+
+On GPUs a process reads torch.cuda.max_memory_allocated/reserved of every device it computes
+on: its own under one-process-per-device strategies, all of them under DataParallel, whose
+extra devices live in the one process. On the CPU the figure is the peak resident set size of
+each process instead (VmHWM, which /proc/self/clear_refs resets), labelled as such.
+
+Labels name the physical device, so runs on different GPUs of one machine never mix:
+cuda:j -> "gpu" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu5"); on the CPU
+"cpu" + rank. Everything but `reset_peaks`/`read_peaks` is pure, so it is tested without GPUs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from pipeline.training.context import DistContext
+
+MIB = 2**20
+PROC_STATUS = Path("/proc/self/status")
+PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    label: str  # "gpu3" (physical GPU id) or "cpu0" (rank of a CPU process)
+    allocated_mib: float  # peak allocated by tensors; on the CPU the peak RSS of the process
+    reserved_mib: Optional[float]  # peak held by the CUDA caching allocator; None on the CPU
+
+    @property
+    def kind(self) -> str:
+        return "cpu" if self.reserved_mib is None else "gpu"
+
+
+def physical_label(device: str, gpus: tuple[str, ...]) -> str:
+    """ "cuda:1" with gpus ("3", "5") -> "gpu5": the renumbered index back to the physical id."""
+    return f"gpu{gpus[torch.device(device).index or 0]}"
+
+
+def local_devices(run_devices: list[str], ctx: DistContext) -> list[torch.device]:
+    """The CUDA devices this process allocates on ([] on the CPU): every device of a
+    one-process run (DataParallel), else the process's own."""
+    if not ctx.on_cuda:
+        return []
+    if ctx.world_size == 1:
+        return [torch.device(d) for d in dict.fromkeys(run_devices)]
+    return [ctx.device]
+
+
+def reset_peaks(devices: list[torch.device]) -> None:
+    for device in devices:
+        torch.cuda.reset_peak_memory_stats(device)
+    if not devices and PROC_CLEAR_REFS.exists():
+        try:  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+            PROC_CLEAR_REFS.write_text("5")
+        except OSError:
+            pass  # then the peak is since process start: still a true upper bound
+
+
+def read_peaks(devices: list[torch.device], ctx: DistContext) -> list[DevicePeak]:
+    """This process's peaks since `reset_peaks`; reads allocator counters, no device sync."""
+    if devices:
+        return [
+            DevicePeak(
+                physical_label(str(d), ctx.gpus),
+                torch.cuda.max_memory_allocated(d) / MIB,
+                torch.cuda.max_memory_reserved(d) / MIB,
+            )
+            for d in devices
+        ]
+    return [DevicePeak(f"cpu{ctx.rank}", peak_rss_bytes() / MIB, None)]
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM of this process; the current RSS (psutil) where /proc has no VmHWM."""
+    try:
+        match = re.search(r"VmHWM:\s+(\d+)\s+kB", PROC_STATUS.read_text())
+    except OSError:
+        match = None
+    current = psutil.Process().memory_info().rss
+    return max(int(match.group(1)) * 1024, current) if match else current
+
+
+def gather_peaks(local: list[DevicePeak], ctx: DistContext) -> list[DevicePeak]:
+    """Every rank's peaks, on every rank (all ranks must call it: it is a collective)."""
+    if ctx.world_size == 1:
+        return merge_peaks([local])
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, local)
+    return merge_peaks(everyone)
+
+
+def merge_peaks(per_rank: list[list[DevicePeak]]) -> list[DevicePeak]:
+    """One entry per device in first-seen (rank, then cuda) order. Two processes on one GPU
+    each count only their own allocations, so the device's figure is their sum."""
+    merged: dict[str, DevicePeak] = {}
+    for peaks in per_rank:
+        for p in peaks:
+            if p.label in merged:
+                q = merged[p.label]
+                reserved = (
+                    None
+                    if p.reserved_mib is None or q.reserved_mib is None
+                    else q.reserved_mib + p.reserved_mib
+                )
+                p = DevicePeak(p.label, q.allocated_mib + p.allocated_mib, reserved)
+            merged[p.label] = p
+    return list(merged.values())
+
+
+def imbalance(values: list[float]) -> float:
+    """max / mean: 1.0 when every device holds the same, 2.0 when one holds twice the mean."""
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean > 0 else 1.0
+
+
+def first_share(values: list[float]) -> float:
+    """Device 0's share of the total (1 / n when balanced)."""
+    total = sum(values)
+    return values[0] / total if total > 0 else 1.0 / len(values)
+
+
+def share_key(kind: str) -> str:
+    """ "gpu0_share" on GPUs, "cpu0_share" (rank 0's share of RSS) on the CPU."""
+    return f"{kind}0_share"
+
+
+def epoch_metrics(peaks: list[DevicePeak]) -> dict[str, float]:
+    """MLflow metrics of one epoch: every device's peaks, the imbalance and device 0's share."""
+    out: dict[str, float] = {}
+    for p in peaks:
+        if p.reserved_mib is None:
+            out[f"{p.label}/peak_rss_mib"] = p.allocated_mib
+        else:
+            out[f"{p.label}/peak_allocated_mib"] = p.allocated_mib
+            out[f"{p.label}/peak_reserved_mib"] = p.reserved_mib
+    values = [p.allocated_mib for p in peaks]
+    out["mem_imbalance"] = imbalance(values)
+    out[share_key(peaks[0].kind)] = first_share(values)
+    return out
+
+
+METRIC = re.compile(r"^(?P<label>(gpu|cpu)[^/]+)/peak_(?P<what>allocated|reserved|rss)_mib$")
+
+
+def run_summary(epochs: list[dict[str, float]]) -> dict:
+    """For metrics.json, from each epoch's `epoch_metrics` (which a resumed run restores): each
+    device's highest peaks over the epochs, and the imbalance of those."""
+    allocated: dict[str, float] = {}
+    reserved: dict[str, float] = {}
+    for row in epochs:
+        for key, value in row.items():
+            m = METRIC.match(key)
+            if m:
+                into = reserved if m["what"] == "reserved" else allocated
+                into[m["label"]] = max(into.get(m["label"], 0.0), value)
+    kind = "gpu" if reserved else "cpu"
+    values = list(allocated.values())
+    if not values:  # epochs recorded before memory was measured (an old checkpoint)
+        return {
+            "memory_kind": "none",
+            "peak_memory_mib": {},
+            "peak_reserved_mib": {},
+            "mem_imbalance": None,
+        }
+    return {
+        "memory_kind": kind,  # "gpu": allocated by tensors; "cpu": peak RSS per process
+        "peak_memory_mib": {k: round(v, 1) for k, v in allocated.items()},
+        "peak_reserved_mib": {k: round(v, 1) for k, v in reserved.items()},
+        "mem_imbalance": imbalance(values),
+        share_key(kind): first_share(values),
+    }

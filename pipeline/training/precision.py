@@ -1,0 +1,167 @@
+"""How the shared loop's arithmetic runs: dtype, autocast, loss scaling, and the kernel
+switches that go with them (TF32, cuDNN autotuning, torch.compile).
+
+`train.precision`:
+  auto  bf16 on a GPU, fp32 on the CPU (measured: README "Performance").
+  fp32  IEEE fp32. On CUDA TF32 is switched off for convolutions as well as matmuls (PyTorch
+        allows it for cuDNN convolutions by default), so fp32 means fp32 on every GPU.
+  fp64  fp64 parameters and inputs, for exact cross-strategy parity tests.
+  tf32  fp32 tensors; matmuls and convolutions on TF32 tensor cores (CUDA, Ampere and newer).
+  bf16  autocast to bfloat16; parameters, gradients and optimizer state stay fp32.
+  fp16  autocast to float16 with dynamic loss scaling (GradScaler); CUDA only.
+
+What cannot apply on the device falls back to fp32 and says so in `notes`, which the run
+prints and records. The loop only calls `autocast()`, `backward()` and `step()`; with fp32 or
+fp64 they are plain `loss.backward()` and `optimizer.step()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+RECOMPILE_LIMIT = 64  # graphs per function: 8 residual blocks x train/eval, with room
+
+
+@dataclass
+class Precision:
+    name: str  # what actually runs, after any fallback
+    dtype: torch.dtype  # parameters and inputs
+    device_type: str
+    autocast_dtype: Optional[torch.dtype] = None
+    scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
+    notes: list[str] = field(default_factory=list)
+
+    def autocast(self) -> ContextManager:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """optimizer.step(), or the scaler's: unscale, skip the step on inf/NaN gradients,
+        adapt the scale. With a fused optimizer the skip decision stays on the GPU."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+def build_precision(name: str, device: torch.device) -> Precision:
+    kind = device.type
+    if name == "auto":
+        name = "bf16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if name == "fp64":
+        return Precision("fp64", torch.float64, kind)
+    if name == "fp32":
+        return Precision("fp32", torch.float32, kind)
+    if name == "tf32":
+        if kind == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+            return Precision("tf32", torch.float32, kind)
+        return fallback(
+            name,
+            kind,
+            "TF32 needs the tensor cores of a CUDA GPU of compute capability 8.0 or newer",
+        )
+    if name == "bf16":
+        if kind == "cuda" and not torch.cuda.is_bf16_supported():
+            return fallback(name, kind, "this GPU has no bfloat16 support")
+        return Precision("bf16", torch.float32, kind, AUTOCAST["bf16"])
+    if name == "fp16":
+        if kind != "cuda":
+            # CPU autocast accepts fp16, but without fp16 arithmetic units it is emulated (more
+            # than 10x slower than fp32 on the CPUs measured), and it would need loss scaling.
+            return fallback(name, kind, "fp16 autocast with loss scaling is for CUDA GPUs")
+        return Precision(
+            "fp16", torch.float32, kind, AUTOCAST["fp16"], scaler=torch.amp.GradScaler(kind)
+        )
+    raise ValueError(f"unknown precision {name!r}")
+
+
+def fallback(name: str, kind: str, why: str) -> Precision:
+    return Precision(
+        "fp32",
+        torch.float32,
+        kind,
+        notes=[f"precision {name} on {kind}: {why}; running fp32 instead"],
+    )
+
+
+def configure_backends(precision: Precision, device: torch.device) -> None:
+    """Process-wide kernel switches for this precision: TF32 exactly when asked for, and cuDNN
+    autotuning (every training and evaluation batch has a fixed shape, so each convolution
+    is tuned once and reused). Nothing to switch on the CPU."""
+    if device.type != "cuda":
+        return
+    tf32 = precision.name == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+
+
+def compile_forward(
+    forward: Optional[Callable], enabled: bool, mode: str = "default", cuda_graphs: bool = True
+) -> tuple[Optional[Callable], list[str]]:
+    """torch.compile the strategy's forward (the DDP/FSDP-wrapped module where there is one,
+    which is how both are meant to be compiled). The strategy keeps its uncompiled module for
+    parameters and state_dict, so checkpoints and results keep their keys. Shapes are fixed
+    (remainders are dropped, evaluation batches padded), hence dynamic=False.
+
+    Where a wrapper's hooks break the graph between blocks (FSDP), each residual block is
+    compiled on its own, once per block shape and per train/eval mode: more graphs for one
+    function than dynamo's default limit of 8, past which it would silently run the rest
+    eagerly. The limit is raised to cover the model's blocks."""
+    if not enabled:
+        return forward, []
+    if forward is None:
+        return None, ["compile: not applied; this strategy runs its own pipeline schedule"]
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(
+        torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
+    )
+    notes = ["compile: the first epoch includes compilation; compare steady epochs"]
+    if mode == "reduce-overhead" and not cuda_graphs:
+        mode = "default"
+        notes.append(
+            "compile mode reduce-overhead: not applied (no CUDA graphs for this "
+            "strategy); default mode instead"
+        )
+    if mode != "default":
+        notes.append(f"compile mode: {mode}")
+    return torch.compile(forward, dynamic=False, mode=mode), notes
+
+
+def graph_step_marker(train, cuda_graphs: bool) -> Callable[[], None]:
+    """What to call before each forward. CUDA graphs (compile_mode reduce-overhead, where the
+    strategy takes them: Parallel.cuda_graphs, as in compile_forward) reuse their output
+    buffers, and must be told where a new step begins; otherwise nothing, as the call
+    imports torch._inductor (seconds) on first use."""
+    if train.compile and train.compile_mode == "reduce-overhead" and cuda_graphs:
+        return torch.compiler.cudagraph_mark_step_begin
+    return lambda: None
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bfloat16 instructions (AVX-512 BF16 or AMX). Without them bf16
+    is emulated: on an AVX2-only EPYC the compiled bf16 step ran 10x slower than on a Zen 4
+    with AVX-512 BF16, where it was the fastest CPU setting (README "Performance")."""
+    try:
+        flags = next(
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        ).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -1,0 +1,203 @@
+"""How many nodes a train stage spans, and the torchrun arguments that say so. Pure functions.
+
+One node runs `torchrun --standalone`. Several nodes run the same command each, and their
+torchrun agents meet in a c10d rendezvous at `dist.rdzv_endpoint`, a TCP store hosted by one
+of them. What differs from node to node comes from the environment, which wins over
+params.yaml's `dist` section, so one params.yaml serves every node:
+
+    NNODES        or PET_NNODES         dist.nnodes         "2", or "MIN:MAX" (elastic;
+                                                            params: dist.min_nnodes)
+    NODE_RANK     or PET_NODE_RANK      dist.node_rank      0 on the node that hosts the store
+    RDZV_ENDPOINT or PET_RDZV_ENDPOINT  dist.rdzv_endpoint  host[:port]; else
+    MASTER_ADDR + MASTER_PORT (or PET_MASTER_ADDR + PET_MASTER_PORT)
+    RDZV_ID       or PET_RDZV_ID        dist.rdzv_id
+
+The PET_ names are torchrun's own environment defaults, which Kubeflow Trainer sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pipeline.errors import UserError
+
+DEFAULT_RDZV_PORT = 29400  # torchrun's default for a c10d endpoint without a port
+# Strategies whose world is "processes per node x nodes". single, dp and balanced_dp are one
+# process; pipeline puts stage i on rank i of one node.
+MULTI_NODE_STRATEGIES = ("ddp", "fsdp")
+
+ENV_NAMES = {  # dist.<field> -> environment variables, first set wins
+    "nnodes": ("NNODES", "PET_NNODES"),
+    "node_rank": ("NODE_RANK", "PET_NODE_RANK"),
+    "rdzv_endpoint": ("RDZV_ENDPOINT", "PET_RDZV_ENDPOINT"),
+    "rdzv_id": ("RDZV_ID", "PET_RDZV_ID"),
+}
+MASTER_NAMES = (("MASTER_ADDR", "MASTER_PORT"), ("PET_MASTER_ADDR", "PET_MASTER_PORT"))
+
+
+@dataclass(frozen=True)
+class Topology:
+    min_nodes: int
+    max_nodes: int
+    node_rank: Optional[int]  # None: the node whose address matches the endpoint hosts it
+    endpoint: Optional[str]
+    rdzv_id: str
+    join_timeout_s: int
+    source: str = "dist.nnodes"  # where the node count came from, for messages
+
+    @property
+    def multi_node(self) -> bool:
+        return self.max_nodes > 1
+
+    @property
+    def nnodes(self) -> str:
+        if self.min_nodes == self.max_nodes:
+            return str(self.min_nodes)
+        return f"{self.min_nodes}:{self.max_nodes}"
+
+
+def parse_nnodes(text: Any, source: str = "dist.nnodes") -> tuple[int, int]:
+    """ "2" -> (2, 2); "1:4" -> (1, 4); anything else is a UserError naming `source`."""
+    parts = str(text).strip().split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise UserError(
+            f"{source}: got {text!r}, expected a node count like 2 or an elastic "
+            "range MIN:MAX like 1:4 (1 <= MIN <= MAX)"
+        )
+    return lo, hi
+
+
+def parse_endpoint(text: str, source: str = "dist.rdzv_endpoint") -> str:
+    """host[:port] of the rendezvous store; the port defaults to torchrun's 29400."""
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep:
+        host, port = port, str(DEFAULT_RDZV_PORT)
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UserError(
+            f"{source}: got {text!r}, expected host:port of the node that hosts "
+            "the rendezvous, e.g. node0.cluster:29400"
+        )
+    return f"{host}:{port}"
+
+
+def _from_env(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[Optional[str], str]:
+    for name in names:
+        if env.get(name, "").strip():
+            return env[name].strip(), name
+    return None, ""
+
+
+def resolve_topology(dist: Any, env: Mapping[str, str], strategy: str) -> Topology:
+    """params.yaml's `dist` section with the environment on top, checked."""
+    nnodes, source = _from_env(env, ENV_NAMES["nnodes"])
+    if nnodes is None:
+        nnodes, source = dist.nnodes, "dist.nnodes"
+        if dist.min_nnodes is not None:
+            nnodes = f"{dist.min_nnodes}:{dist.nnodes}"
+    lo, hi = parse_nnodes(nnodes, source)
+
+    rank_text, rank_source = _from_env(env, ENV_NAMES["node_rank"])
+    node_rank = dist.node_rank
+    if rank_text is not None:
+        if not rank_text.isdigit():
+            raise UserError(f"{rank_source}: got {rank_text!r}, expected a node index 0, 1, ...")
+        node_rank = int(rank_text)
+
+    endpoint, ep_source = _from_env(env, ENV_NAMES["rdzv_endpoint"])
+    for addr, port in MASTER_NAMES:
+        if endpoint is None and env.get(addr) and env.get(port):
+            endpoint, ep_source = f"{env[addr]}:{env[port]}", f"{addr}+{port}"
+    if endpoint is None and dist.rdzv_endpoint:
+        endpoint, ep_source = dist.rdzv_endpoint, "dist.rdzv_endpoint"
+    rdzv_id = _from_env(env, ENV_NAMES["rdzv_id"])[0] or dist.rdzv_id or f"parallel-lab-{strategy}"
+
+    if hi == 1:  # one node: torchrun --standalone; endpoint and rank have nothing to do
+        return Topology(1, 1, None, None, rdzv_id, dist.join_timeout_s, source)
+    if endpoint is None:
+        raise UserError(
+            f"dist.rdzv_endpoint: not set, but {source} is {nnodes}; expected "
+            "host:port of the node that hosts the rendezvous (or RDZV_ENDPOINT, "
+            "or MASTER_ADDR and MASTER_PORT, in the environment)"
+        )
+    if node_rank is not None and node_rank >= hi:
+        raise UserError(
+            f"dist.node_rank: got {node_rank}, expected 0..{hi - 1} for {source} = {nnodes}"
+        )
+    return Topology(
+        lo, hi, node_rank, parse_endpoint(endpoint, ep_source), rdzv_id, dist.join_timeout_s, source
+    )
+
+
+def check_multi_node(
+    strategy: str, topology: Topology, nproc: int, batch_size: int, grad_accum: int
+) -> None:
+    """The strategy can span nodes, and the global batch splits evenly at every world size
+    the elastic range allows."""
+    if not topology.multi_node:
+        return
+    if strategy not in MULTI_NODE_STRATEGIES:
+        raise UserError(
+            f"{topology.source}: got {topology.nnodes}, but strategy {strategy!r} "
+            f"runs on one node; expected 1 (multi-node: "
+            f"{', '.join(MULTI_NODE_STRATEGIES)})"
+        )
+    for nodes in range(topology.min_nodes, topology.max_nodes + 1):
+        world = nodes * nproc
+        if batch_size % (world * grad_accum):
+            raise UserError(
+                f"train.batch_size: got {batch_size}, {strategy} on {nodes} node(s) "
+                f"x {nproc} process(es) needs a multiple of processes x "
+                f"train.grad_accum = {world} x {grad_accum}"
+            )
+
+
+def torchrun_args(nproc: int, max_restarts: int, topology: Topology) -> list[str]:
+    """torchrun's options (everything before the module it runs)."""
+    common = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
+    if not topology.multi_node:
+        return ["--standalone", *common]
+    conf = f"join_timeout={topology.join_timeout_s}"
+    if topology.node_rank is not None:
+        # Say which agent hosts the store instead of letting each guess from its hostname:
+        # deterministic when several "nodes" share a host. torchrun's --node-rank is not
+        # passed: c10d ignores it (with a warning) and numbers the nodes itself.
+        conf += f",is_host={int(topology.node_rank == 0)}"
+    return [
+        f"--nnodes={topology.nnodes}",
+        *common,
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={topology.endpoint}",
+        f"--rdzv-id={topology.rdzv_id}",
+        f"--rdzv-conf={conf}",
+    ]
+
+
+def worker_overrides(overrides: list[str]) -> list[str]:
+    """The command-line overrides the workers get: all but dist.*. Those only shape the
+    launch, and node-specific ones (dist.node_rank) would give the ranks of different nodes
+    different configurations, hence different checkpoint fingerprints."""
+    return [o for o in overrides if not o.strip().startswith("dist.")]
+
+
+def lost_node_hint(
+    strategy: str, code: int, topology: Topology, checkpoint: Optional[tuple[int, int]]
+) -> str:
+    """The line a failed multi-node launch ends with: what happened and what to do next.
+    `checkpoint` is the committed (epoch, step) position, 0-based epoch."""
+    where = (
+        f"epoch {checkpoint[0] + 1} step {checkpoint[1]}"
+        if checkpoint is not None
+        else "the start (no checkpoint yet)"
+    )
+    return (
+        f"train[{strategy}]: the {topology.nnodes}-node job stopped on this node (torchrun "
+        f"exit {code}); if a node was lost, the others waited dist.join_timeout_s="
+        f"{topology.join_timeout_s}s for a full set to rejoin (or checkpoint.max_restarts "
+        f"ran out). Run the same command on every node again to resume from {where}"
+    )

@@ -1,0 +1,78 @@
+"""A real `dvc repro` of the whole pipeline on a tiny config, checked like a user would."""
+
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from support import dvc, make_project, tiny_params
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory, http_mirror):
+    project = make_project(
+        tmp_path_factory.mktemp("dvc") / "project",
+        tiny_params(http_mirror, strategies=["single", "ddp"]),
+    )
+    first = dvc(project, "repro", timeout=600)
+    return project, first
+
+
+def test_outputs_and_metrics(repro):
+    project, _ = repro
+    for name in ("single", "ddp"):
+        out = project / "results" / name
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["epochs"] == 2 and metrics["strategy"] == name
+        assert 0 <= metrics["test_acc"] <= 1 and metrics["samples_per_s"] > 0
+        history = (out / "history.csv").read_text().splitlines()
+        assert history[0].startswith("epoch,train_loss") and len(history) == 3
+        assert (out / "model.pt").stat().st_size > 0
+    assert json.loads((project / "results/ddp/metrics.json").read_text())["world_size"] == 2
+    summary = json.loads((project / "reports/summary.json").read_text())
+    assert set(summary) == {"single", "ddp"}
+    table = (project / "reports/summary.md").read_text()
+    assert "| single |" in table and "| ddp |" in table
+    assert (project / "dvc.lock").exists()
+
+
+def test_one_mlflow_run_per_strategy(repro):
+    project, _ = repro
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tests")
+    # (the compare stage adds a parent run, "comparison", that groups these)
+    runs = client.search_runs([experiment.experiment_id], "tags.dvc_stage LIKE 'train@%'")
+    assert sorted(r.data.tags["strategy"] for r in runs) == ["ddp", "single"]
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        assert r.data.params["train.batch_size"] == "32" and r.data.params["model.width"] == "8"
+        assert r.data.tags["git_commit"] != "unknown" and "dvc_stage" in r.data.tags
+        history = client.get_metric_history(r.info.run_id, "test_acc")
+        assert [m.step for m in history] == [1, 2]
+        artifacts = {a.path for a in client.list_artifacts(r.info.run_id)}
+        assert {"metrics.json", "model.pt", "config.yaml", "history.csv"} <= artifacts
+
+
+def test_second_repro_does_nothing(repro):
+    project, first = repro
+    assert "Running stage 'fetch'" in first.stdout
+    again = dvc(project, "repro")
+    assert "Running stage" not in again.stdout, again.stdout
+
+
+def test_dvc_plots_and_metrics_show(repro):
+    project, _ = repro
+    assert "test_acc" in dvc(project, "metrics", "show").stdout
+    dvc(project, "plots", "show", "--json")
+
+
+def test_exp_run_with_a_changed_param_reruns_train_and_compare_only(repro):
+    project, _ = repro
+    exp = dvc(project, "exp", "run", "-S", "train.epochs=1", timeout=600)
+    assert "Running stage 'fetch'" not in exp.stdout
+    assert "Running stage 'train@single'" in exp.stdout
+    assert "Running stage 'compare'" in exp.stdout
+    assert json.loads((project / "results/single/metrics.json").read_text())["epochs"] == 1
+    shown = dvc(project, "exp", "show", "--csv").stdout  # the table is cut to the terminal
+    header, *rows = shown.splitlines()
+    assert "train.epochs" in header and "test_acc" in header and len(rows) >= 2

@@ -1,0 +1,177 @@
+"""The parallel strategies train the same model as `single` (CPU, real torchrun runs via the CLI).
+
+fp32 training of this network is chaotic (a 1e-7 nudge to single's own weights can grow to
+~1e-2 in 10 steps at lr 0.1), so exact parity is checked in fp64, where every strategy below
+lands within 1e-14 of `single` after 10 optimizer steps from the same seed and global batch
+(pipeline with one chunk: bit-identical); the issue asks for 1e-5, the tests assert 1e-9.
+fp32 gets a loose check only.
+
+The runs are shared between tests (module-scoped) and grouped by setting; each group trains
+in its own project copy (own results/ and MLflow store), and the groups run side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from pipeline.training.model import build_model
+from support import make_project, run, tiny_params
+
+WIDTH, SEED = 8, 0
+# 10 optimizer steps of a global batch of 32 on the tiny network
+TEN_STEPS = [
+    f"seed={SEED}",
+    f"model.width={WIDTH}",
+    "data.limit_train=320",
+    "train.batch_size=32",
+    "train.epochs=1",
+    "ddp.nproc=2",
+    "ddp.sync_bn=true",
+    "fsdp.nproc=2",
+    "fsdp.sync_bn=true",
+    "pipeline_parallel.stages=2",
+]
+FP64 = [*TEN_STEPS, "train.precision=fp64"]
+ONE_CHUNK = ["pipeline_parallel.microbatches=1"]  # BatchNorm over the whole batch, as in single
+
+# group -> [(label, strategy, overrides)]; `single` comes first and is the reference
+RUNS = {
+    "fp64": [
+        ("single", "single", FP64),
+        ("ddp", "ddp", FP64),
+        ("fsdp", "fsdp", FP64),
+        ("pipeline_parallel", "pipeline_parallel", [*FP64, *ONE_CHUNK]),
+    ],
+    "fp64_accum2": [
+        ("single", "single", [*FP64, "train.grad_accum=2"]),
+        ("ddp", "ddp", [*FP64, "train.grad_accum=2"]),
+        ("fsdp", "fsdp", [*FP64, "train.grad_accum=2"]),
+        ("pipeline_parallel", "pipeline_parallel", [*FP64, *ONE_CHUNK, "train.grad_accum=2"]),
+        # Two pipeline micro-batches of 16 normalise and average exactly as single's two
+        # accumulation micro-steps of 16 do: the same computation, through the 1F1B schedule.
+        (
+            "pipeline_parallel_1f1b_2chunks",
+            "pipeline_parallel",
+            [*FP64, "pipeline_parallel.microbatches=2", "pipeline_parallel.schedule=1f1b"],
+        ),
+    ],
+    # ddp is left out here to save a run: in fp32 it ends exactly where fsdp does (0.014)
+    "fp32": [
+        ("single", "single", TEN_STEPS),
+        ("fsdp", "fsdp", TEN_STEPS),
+        ("pipeline_parallel", "pipeline_parallel", [*TEN_STEPS, *ONE_CHUNK]),
+        ("fsdp_bf16", "fsdp", [*TEN_STEPS, "fsdp.mixed_precision=bf16"]),
+    ],
+}
+FP64_BOUND = 1e-9
+# fp32: distance from single / distance single's weights moved in training (all float params
+# and buffers). Measured: pipeline (1 chunk) 0, fsdp and ddp 0.014, i.e. chaos; for scale,
+# single on 2 threads vs 1 thread is also 0.014, fsdp bf16 0.12, and pipeline with 4 chunks
+# (BatchNorm per chunk, another computation) 0.51. Loose on purpose: it shows the same training.
+FP32_RELATIVE_BOUND = 0.05
+
+
+@dataclass
+class Trained:
+    state: dict  # results/<strategy>/model.pt
+    metrics: dict  # results/<strategy>/metrics.json
+
+
+@pytest.fixture(scope="module")
+def fetched_template(tmp_path_factory, http_mirror):
+    project = make_project(tmp_path_factory.mktemp("parity") / "template", tiny_params(http_mirror))
+    run(project, "python", "-m", "pipeline.fetch")
+    return project
+
+
+@pytest.fixture(scope="module")
+def trained(fetched_template) -> dict[str, dict[str, Trained]]:
+    def train_group(group: str) -> dict[str, Trained]:
+        project = shutil.copytree(fetched_template, fetched_template.parent / group)
+        out = {}
+        for label, strategy, overrides in RUNS[group]:
+            # one thread per process: every strategy runs the same kernels (single's thread
+            # count would otherwise differ), and the groups share the cores without spinning
+            run(
+                project, "python", "-m", "pipeline.train", strategy, *overrides, OMP_NUM_THREADS="1"
+            )
+            results = project / "results" / strategy
+            out[label] = Trained(
+                torch.load(results / "model.pt"), json.loads((results / "metrics.json").read_text())
+            )
+        return out
+
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        return dict(zip(RUNS, pool.map(train_group, RUNS)))
+
+
+def max_abs_diff(reference: dict, other: dict) -> float:
+    """Largest difference over every parameter and buffer; the keys must be the same."""
+    assert list(other) == list(reference), "state_dict keys differ from the plain model's"
+    return max((other[k].double() - reference[k].double()).abs().max().item() for k in reference)
+
+
+@pytest.mark.parametrize(
+    "group,label", [(g, label) for g in ("fp64", "fp64_accum2") for label, _, _ in RUNS[g][1:]]
+)
+def test_fp64_matches_single(trained, group, label):
+    runs = trained[group]
+    diff = max_abs_diff(runs["single"].state, runs[label].state)
+    print(f"{group} {label}: max |param/buffer - single| = {diff:.3g}")
+    assert diff < FP64_BOUND
+
+
+def floats(state: dict) -> torch.Tensor:
+    return torch.cat([v.double().flatten() for v in state.values() if v.is_floating_point()])
+
+
+@pytest.mark.parametrize("label", ["fsdp", "pipeline_parallel"])
+def test_fp32_lands_near_single(trained, label):
+    single, other = trained["fp32"]["single"].state, trained["fp32"][label].state
+    initial = build_model(WIDTH, SEED).state_dict()
+    relative = (
+        (floats(other) - floats(single)).norm() / (floats(single) - floats(initial)).norm()
+    ).item()
+    print(
+        f"fp32 {label}: |w - w_single| / |w_single - w_initial| = {relative:.3g}, "
+        f"max |param/buffer - single| = {max_abs_diff(single, other):.3g}"
+    )
+    assert relative < FP32_RELATIVE_BOUND
+
+
+def test_fsdp_bf16_trains(trained):
+    bf16, single = trained["fp32"]["fsdp_bf16"], trained["fp32"]["single"]
+    assert list(bf16.state) == list(single.state)
+    assert all(v.dtype == single.state[k].dtype for k, v in bf16.state.items())
+    assert all(torch.isfinite(v.double()).all() for v in bf16.state.values())
+    assert bf16.metrics["epochs"] == 1 and bf16.metrics["train_loss"] < 2.3  # below chance
+    assert any("bf16" in note for note in bf16.metrics["notes"])
+
+
+def test_pipeline_notes_record_the_split_and_batchnorm(trained):
+    one_chunk = trained["fp64"]["pipeline_parallel"].metrics["notes"]
+    two_chunks = trained["fp64_accum2"]["pipeline_parallel_1f1b_2chunks"].metrics["notes"]
+    assert any("split at [3]" in note for note in one_chunk)
+    assert not any("BatchNorm" in note for note in one_chunk)
+    assert any("BatchNorm statistics per pipeline micro-batch" in note for note in two_chunks)
+
+
+def test_pipeline_stages_beyond_blocks_exit_2(fetched_template):
+    proc = run(
+        fetched_template,
+        "python",
+        "-m",
+        "pipeline.train",
+        "pipeline_parallel",
+        "pipeline_parallel.stages=7",
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0  # one line, no traceback
+    assert proc.stderr.startswith("error: pipeline.stages: got 7") and "at most 6" in proc.stderr

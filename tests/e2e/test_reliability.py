@@ -1,0 +1,339 @@
+"""Faults, for real: killed ranks under torchrun restarts, SIGTERM, and MLflow outages.
+
+Every run here is a real multi-process job on the CPU (gloo). On the CPU a resumed run must be
+bitwise identical to an uninterrupted one: same final weights, same metrics.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from support import Background, dvc, make_project, run, tiny_params, wait_for
+
+TINY = {
+    "model": {"width": 4},
+    "train": {"epochs": 2, "batch_size": 32, "eval_batch_size": 64},
+    "data": {"limit_train": 128, "limit_test": 64},
+    "strategies": ["ddp"],
+}
+METRICS = ("train_loss", "test_loss", "test_acc", "best_test_acc")
+
+
+def mlflow_runs(uri: str, experiment: str = "tests"):
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+
+
+def final_state(project):
+    model = torch.load(project / "results/ddp/model.pt", weights_only=True)
+    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    history = [
+        line.split(",")[:5]
+        for line in (project / "results/ddp/history.csv").read_text().splitlines()
+    ]
+    return model, {k: metrics[k] for k in METRICS}, history
+
+
+@pytest.fixture(scope="module")
+def fault_project(tmp_path_factory, http_mirror):
+    project = make_project(
+        tmp_path_factory.mktemp("faults") / "project", tiny_params(http_mirror, **TINY)
+    )
+    run(project, "python", "-m", "pipeline.fetch")
+    run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'reference.db'}",
+    )
+    return project, final_state(project)
+
+
+def reset(project):
+    for name in ("results", "checkpoints"):
+        shutil.rmtree(project / name, ignore_errors=True)
+
+
+KILL_POINTS = [  # PARALLEL_LAB_FAULT values: where a rank dies (SIGKILL) on the first attempt
+    "rank=0,point=start",
+    "rank=1,point=start",
+    "rank=1,epoch=1,step=0",
+    "rank=0,epoch=1,step=2",
+    "rank=1,epoch=1,point=eval",
+    "rank=0,epoch=1,point=checkpoint",  # mid checkpoint write: own file done, commit pending
+    "rank=1,epoch=1,point=checkpoint",
+    "rank=0,epoch=2,step=0",
+    "rank=1,epoch=2,step=3",  # the last step
+    "rank=0,epoch=2,point=eval",
+    "rank=1,epoch=2,point=checkpoint",  # the final checkpoint
+    "rank=0,point=end",  # after training, before results are written
+]
+
+
+@pytest.mark.parametrize("fault", KILL_POINTS)
+def test_killed_rank_restarts_and_finishes_identically(fault_project, fault):
+    project, (ref_model, ref_metrics, ref_history) = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / ('faults-' + fault.replace(',', '_').replace('=', '-') + '.db')}"
+    proc = run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        "checkpoint.max_restarts=2",
+        PARALLEL_LAB_FAULT=fault,
+        MLFLOW_TRACKING_URI=uri,
+        timeout=240,
+    )
+    assert "SIGKILL" in proc.stderr or "Signal 9" in proc.stderr or "exitcode" in proc.stderr
+    model, metrics, history = final_state(project)
+    assert metrics == ref_metrics and history == ref_history
+    assert all(torch.equal(model[k], ref_model[k]) for k in ref_model)
+    client, runs = mlflow_runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")]
+    assert steps == [1, 2]  # every epoch once, none twice
+
+
+def test_a_finished_strategy_is_not_retrained(fault_project):
+    project, (ref_model, ref_metrics, _) = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / 'finished.db'}"
+    run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
+    (project / "results/ddp/metrics.json").unlink()
+    again = run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
+    assert "resuming at epoch 3" in again.stdout and "epoch 1/2" not in again.stdout
+    assert final_state(project)[1] == ref_metrics
+    assert len(mlflow_runs(uri)[1]) == 1
+
+
+def test_checkpoint_of_another_width_is_refused(fault_project):
+    project, _ = fault_project
+    reset(project)
+    run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        "model.width=8",
+        "train.epochs=1",
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'w8.db'}",
+    )
+    shutil.move(project / "checkpoints/ddp", project / "width8")
+    proc = run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        "checkpoint.resume_from=width8",
+        check=False,
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'w4.db'}",
+    )
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: width8") and "model.width" in last and "shape" in last
+
+
+# --- SIGTERM (docker stop) ------------------------------------------------------------------
+
+
+def latest(project):
+    try:
+        return json.loads((project / "checkpoints/ddp/latest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mirror):
+    slow = {
+        **TINY,
+        "model": {"width": 8},
+        "train": {"epochs": 3, "batch_size": 16, "eval_batch_size": 64},
+        "data": {"limit_train": 512, "limit_test": 64},
+    }
+    project = make_project(tmp_path / "project", tiny_params(http_mirror, **slow))
+    # rank 0 waits before step 2 of epoch 2 until the signal is there: it lands mid-epoch
+    with Background(
+        project,
+        "dvc",
+        "repro",
+        log=tmp_path / "repro.log",
+        PARALLEL_LAB_FAULT="rank=0,epoch=2,step=2,action=hold",
+    ) as repro:
+        repro.wait_for_output("fault: rank 0 holding before step 2 of epoch 2", timeout=240)
+        repro.signal_group(signal.SIGTERM)  # what `docker stop` does to the whole container
+        code = repro.wait(timeout=120)
+    out = repro.output()
+    assert code != 0, out
+    record = latest(project)
+    # the ranks agreed on the next step boundary: step 3 of epoch 2 (0-based epoch 1)
+    assert (record["epoch"], record["step"]) == (1, 3), record
+    assert "SIGTERM: checkpointed at epoch 2 step 3" in out
+    resumed = dvc(project, "repro", timeout=400)
+    assert "resuming at epoch 2 step 3" in resumed.stdout
+    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    assert metrics["epochs"] == 3
+    # identical to an uninterrupted run of the same configuration
+    reference = make_project(tmp_path / "reference", tiny_params(http_mirror, **slow))
+    shutil.copytree(project / "data", reference / "data")
+    run(reference, "python", "-m", "pipeline.train", "ddp", timeout=400)
+    ref = json.loads((reference / "results/ddp/metrics.json").read_text())
+    assert {k: metrics[k] for k in METRICS} == {k: ref[k] for k in METRICS}
+
+
+# --- MLflow outages --------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` process on 127.0.0.1 with a sqlite store."""
+
+    def __init__(self, root, port: int):
+        self.root, self.port, self.proc = root, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self):
+        mlflow = shutil.which("mlflow", path=os.path.dirname(sys.executable))
+        self.proc = subprocess.Popen(
+            [
+                mlflow,
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'server.db'}",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for(self.healthy, 90, "mlflow server")
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = MlflowServer(tmp_path, free_port())
+    yield srv
+    srv.kill()
+
+
+def epochs_in_mlflow(uri: str) -> list[int]:
+    client, runs = mlflow_runs(uri)
+    assert len(runs) <= 1
+    return (
+        []
+        if not runs
+        else [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")]
+    )
+
+
+def test_server_killed_mid_run_and_restarted_loses_nothing(tmp_path, http_mirror, server):
+    slow = {
+        **TINY,
+        "model": {"width": 8},
+        "train": {"epochs": 6, "batch_size": 16, "eval_batch_size": 64},
+        "data": {"limit_train": 256, "limit_test": 64},
+    }
+    project = make_project(tmp_path / "project", tiny_params(http_mirror, **slow))
+    run(project, "python", "-m", "pipeline.fetch")
+    server.start()
+    go_on = tmp_path / "server-is-down"
+    # rank 0 waits at the start of epoch 2 until the server has been killed
+    with Background(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        "mlflow.final_sync_wait_s=180",
+        log=tmp_path / "train.log",
+        MLFLOW_TRACKING_URI=server.uri,
+        PARALLEL_LAB_FAULT=f"rank=0,epoch=2,action=hold,release={go_on}",
+    ) as train:
+        train.wait_for_output("fault: rank 0 holding before step 0 of epoch 2", timeout=240)
+        wait_for(lambda: 1 in epochs_in_mlflow(server.uri), 120, "epoch 1 in MLflow")
+        server.kill()
+        go_on.touch()
+        train.wait_for_output("unreachable", timeout=240)  # an epoch's push found it down
+        server.start()  # the stage's final push waits up to mlflow.final_sync_wait_s for it
+        code = train.wait(timeout=300)
+    out = train.output()
+    assert code == 0, out
+    assert "pending" in out
+    client, runs = mlflow_runs(server.uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+    assert {"metrics.json", "model.pt"} <= {
+        a.path for a in client.list_artifacts(runs[0].info.run_id)
+    }
+
+
+def test_server_absent_from_the_start_then_pipeline_publish(tmp_path, fault_project, server):
+    project, (_, ref_metrics, _) = fault_project
+    reset(project)
+    proc = run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        "mlflow.final_sync_wait_s=0",
+        MLFLOW_TRACKING_URI=server.uri,
+    )  # nothing listens yet
+    assert "unreachable" in proc.stderr and "python -m pipeline.publish" in proc.stderr
+    assert final_state(project)[1] == ref_metrics  # training carried on
+    server.start()
+    published = run(project, "python", "-m", "pipeline.publish", MLFLOW_TRACKING_URI=server.uri)
+    assert "ddp: run" in published.stdout
+    run(project, "python", "-m", "pipeline.publish", MLFLOW_TRACKING_URI=server.uri)  # idempotent
+    client, runs = mlflow_runs(server.uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")] == [1, 2]
+    assert runs[0].data.params["model.width"] == "4"

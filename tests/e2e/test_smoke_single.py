@@ -1,0 +1,11 @@
+import json
+
+from support import run
+
+
+def test_single_trains_and_writes_results(fetched_project):
+    project = fetched_project()
+    run(project, "python", "-m", "pipeline.train", "single")
+    metrics = json.loads((project / "results/single/metrics.json").read_text())
+    assert metrics["strategy"] == "single" and metrics["epochs"] == 2
+    assert 0.0 <= metrics["test_acc"] <= 1.0

@@ -1,0 +1,242 @@
+"""What the tests share besides fixtures: a synthetic Fashion-MNIST in real IDX format, a
+real HTTP mirror on 127.0.0.1, throw-away copies of the project to run stages and `dvc repro`
+in, and processes to start, watch and stop."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import yaml
+
+from pipeline.data.download import md5sum
+from pipeline.data.fashion_mnist import FILES
+from pipeline.data.idx import write_idx_gz
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+PROJECT_FILES = [
+    "pipeline",
+    "dvc.yaml",
+    "params.yaml",
+    ".dvc/config",
+    ".dvcignore",
+    ".gitignore",
+    "pyproject.toml",
+]
+
+
+def synthetic_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Noisy images whose class shows as a bright band, so a tiny model can learn it."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, size=n).astype(np.uint8)
+    images = rng.integers(0, 120, size=(n, 28, 28)).astype(np.uint8)
+    for i, label in enumerate(labels):
+        images[i, 2 + 2 * label : 4 + 2 * label, 4:24] = 230
+    return images, labels
+
+
+def write_raw(directory: Path, n_train: int = 512, n_test: int = 128) -> dict[str, str]:
+    """Write the four IDX gz files; return their MD5s (file name -> sum)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", n_train, 1), ("test", n_test, 2)):
+        images, labels = synthetic_split(n, seed)
+        images_name, labels_name = FILES[split]
+        write_idx_gz(directory / images_name, images)
+        write_idx_gz(directory / labels_name, labels)
+    return {name: md5sum(directory / name) for pair in FILES.values() for name in pair}
+
+
+@dataclass
+class Mirror:
+    url: str
+    directory: Path
+    md5: dict[str, str]
+
+
+def serve(directory: Path):
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def tiny_params(mirror: Mirror, **sections) -> dict:
+    """params.yaml for a run that takes seconds: width 8, a few hundred samples."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"].update(
+        mirrors=[mirror.url], md5=dict(mirror.md5), limit_train=256, limit_test=128
+    )
+    params["model"]["width"] = 8
+    params["train"].update(epochs=2, batch_size=32, eval_batch_size=64)
+    params["mlflow"]["experiment"] = "tests"
+    params["strategies"] = ["single", "ddp"]  # tests that want others say so
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            params.setdefault(key, {}).update(value)
+        else:
+            params[key] = value
+    return params
+
+
+def make_project(dest: Path, params: dict) -> Path:
+    """A copy of the project as a fresh git + DVC repository with `params` as params.yaml."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src = REPO / name
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, target)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=dest, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-qm", "test project"], cwd=dest, check=True)
+    return dest
+
+
+def project_env(project: Path, **extra: str) -> dict[str, str]:
+    """Environment for stage processes: the project copy's code first, its own MLflow store,
+    no GPUs (CI has none; hiding them keeps runs identical on a GPU machine)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PARALLEL_LAB_"))}
+    env.update(
+        PYTHONPATH=str(project),
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONUNBUFFERED="1",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
+    env.update(extra)
+    return env
+
+
+def run(
+    project: Path, *args: str, timeout: float = 300, check: bool = True, **env: str
+) -> subprocess.CompletedProcess:
+    """Run a command (e.g. `python -m pipeline.train single`) in a project copy."""
+    cmd = [sys.executable if a == "python" else a for a in args]
+    proc = subprocess.run(
+        cmd,
+        cwd=project,
+        env=project_env(project, **env),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} exited {proc.returncode}\n"
+            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def dvc(project: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run(project, str(Path(sys.executable).with_name("dvc")), *args, **kw)
+
+
+class Background:
+    """A command started in its own session, its output (stdout and stderr) going to a log
+    file that tests can wait on line by line."""
+
+    def __init__(self, project: Path, *args: str, log: Path, **env: str):
+        self.log_path = log
+        self._tree: list[psutil.Process] = []
+        cmd = [sys.executable if a == "python" else a for a in args]
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=project,
+                env=project_env(project, **env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        wait_for(
+            lambda: text in self.output() or self.proc.poll() is not None,
+            timeout,
+            f"{text!r} in the output",
+        )
+        assert text in self.output(), (
+            f"exited {self.proc.returncode} before printing {text!r}\n{self.output()[-4000:]}"
+        )
+
+    def wait(self, timeout: float) -> int:
+        """The command's exit code, once it and every process it had started when it was
+        signalled have exited (torchrun's workers outlive a launcher that exits first)."""
+        code = self.proc.wait(timeout=timeout)
+        gone, alive = psutil.wait_procs(self._tree, timeout=timeout)
+        assert not alive, f"still running after {timeout} s: {alive}"
+        return code
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the command's process group, as `docker stop` signals a container."""
+        self._tree = descendants(self.proc.pid)
+        os.killpg(self.proc.pid, signum)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        kill_tree(self.proc.pid)
+        self.proc.wait(timeout=30)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (torchrun starts its workers in sessions of
+    their own, so killing a process group would leave them running)."""
+    try:
+        tree = [psutil.Process(pid), *descendants(pid)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll `predicate` until it holds; fail the test naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

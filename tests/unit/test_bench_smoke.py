@@ -1,0 +1,114 @@
+"""benchmarks/bench.py in its tiniest form: every row runs and lands in the JSON. No timings
+are judged here (a shared CI machine cannot promise any)."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from pipeline.data.download import convert
+from pipeline.strategies import NAMES
+from support import REPO
+
+ROWS = ["baseline", "single_dataloader", "single_fast", "ddp", "fsdp", "dp", "single_fast+mlflow"]
+
+
+def fetched(tmp_path, raw_dataset):
+    """What the fetch stage leaves in data/fashion-mnist, from the synthetic raw files."""
+    data = tmp_path / "fashion-mnist"
+    (data / "raw").mkdir(parents=True)
+    for gz in raw_dataset[0].glob("*.gz"):
+        (data / "raw" / gz.name).write_bytes(gz.read_bytes())
+    torch.save(convert(data / "raw"), data / "tensors.pt")
+    return data
+
+
+def test_bench_writes_every_row(tmp_path, raw_dataset):
+    data = fetched(tmp_path, raw_dataset)
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench",
+            "--width",
+            "2",
+            "--limit-train",
+            "64",
+            "--batch-size",
+            "32",
+            "--warmup",
+            "1",
+            "--epochs",
+            "1",
+            "--baseline-workers",
+            "0",
+            "--set",
+            "data.workers=0",
+            "report.system_metrics_interval_s=0.5",
+            "--fast",
+            "train.precision=bf16",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert set(ROWS) <= set(result["rows"])
+    for name in ROWS:
+        row = result["rows"][name]
+        if name in ("ddp", "fsdp", "dp") and name not in NAMES:
+            assert row["status"] == "skipped" and row["reason"]
+            continue
+        assert row["status"] == "ok"
+        assert row["epoch_s"] > 0 and row["samples_per_epoch"] == 64 and 0 < row["mfu"]
+    assert result["rows"]["single_fast"]["precision"] == "bf16"
+    assert result["rows"]["single_fast+mlflow"]["reference"] == "single_fast"
+    assert [t["target"] for t in result["targets"]] == [
+        "single_fast >= 2x baseline (1.5x at the very least)",
+        "MLflow logging <= 1%",
+    ]
+    assert "| baseline |" in proc.stdout
+
+
+def test_profile_step_reports_the_step_and_its_operators(tmp_path, raw_dataset):
+    data = fetched(tmp_path, raw_dataset)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.profile_step",
+            "--strategy",
+            "ddp",
+            "--warmup",
+            "2",
+            "--steps",
+            "2",
+            "--rows",
+            "3",
+            "--data",
+            str(data),
+            "--trace",
+            str(tmp_path / "t.json"),
+            "--set",
+            "model.width=2",
+            "train.batch_size=32",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ddp model.width=2 train.batch_size=32 | batch 32" in proc.stdout
+    assert "step: " in proc.stdout and "Self CPU time total" in proc.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]

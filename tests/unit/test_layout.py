@@ -1,0 +1,152 @@
+"""The layout's promises: no import cycles (and no imports of the project's own modules hidden
+in functions to dodge one), each DVC stage depending on exactly the code it runs, the
+strategy names kept in one place, and a `--help` on every command."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import strategies
+from support import REPO
+
+PACKAGE = REPO / "pipeline"
+DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
+STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports as it runs
+    "fetch": ("pipeline.fetch", []),
+    "train": ("pipeline.train", ["pipeline.training.launcher", "pipeline.training.worker",
+                                 *(f"pipeline.strategies.{name}" for name in strategies.NAMES)]),
+    "compare": ("pipeline.compare", []),
+}
+COMMANDS = ["pipeline.fetch", "pipeline.train", "pipeline.compare", "pipeline.publish",
+            "pipeline.compare_experiments"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    elif isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        return []
+    return [n for n in names if n == "pipeline" or n.startswith("pipeline.")]
+
+
+def project_imports(path: Path) -> tuple[set[str], list[str]]:
+    """(modules of the project imported when the module is, those imported inside functions).
+    Imports under `if TYPE_CHECKING:` never run, so they count as neither."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in tree.body if isinstance(block, ast.If)
+                   and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
+    top = {name for node in tree.body for name in imported(node)}
+    nested = [name for node in ast.walk(tree) if id(node) not in typing_only
+              and node not in tree.body for name in imported(node)]
+    return top, nested
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {}
+    for name, path in known.items():
+        top, _ = project_imports(path)
+        # `from pipeline.x import y` imports pipeline.x (and pipeline.x.y if y is a module)
+        graph[name] = {m for m in top if m in known and m != name}
+    order, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", "import cycle: " + " -> ".join([*trail, node])
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            visit(dep, [*trail, node])
+        state[node] = "done"
+        order.append(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert len(order) == len(graph)
+
+
+def test_no_project_module_is_imported_inside_a_function():
+    """Inside the library, a lazy import of the project's own code only ever hides a cycle
+    (lazy imports of heavy third-party libraries, mlflow or torchvision, for start-up time
+    are fine). The commands may import their work after parsing the command line, so that
+    `--help` and usage errors answer without loading torch."""
+    commands = {PACKAGE / f"{c.split('.')[1]}.py" for c in COMMANDS}
+    hidden = {str(path.relative_to(REPO)): nested for path in PACKAGE.rglob("*.py")
+              if path not in commands and (nested := project_imports(path)[1])}
+    assert hidden == {}
+
+
+def stage_deps(stage: str) -> set[str]:
+    """The stage's code deps from dvc.yaml, directories expanded to their .py files."""
+    files = set()
+    for dep in DVC["stages"][stage]["deps"]:
+        path = REPO / dep
+        if not dep.startswith("pipeline"):
+            continue  # data and results
+        files |= ({str(p.relative_to(REPO)) for p in path.rglob("*.py")} if path.is_dir()
+                  else {dep})
+    return files
+
+
+def imported_files(entry: str, extra: list[str]) -> set[str]:
+    code = ("import importlib, json, sys\n"
+            f"for name in {[entry, *extra]!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
+            "    if (n == 'pipeline' or n.startswith('pipeline.')) and m.__file__)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True, env={"PYTHONPATH": str(REPO),
+                                                     "PATH": "/usr/bin:/bin"}).stdout
+    return {str(Path(f).relative_to(REPO)) for f in json.loads(out)}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+def test_each_stage_depends_on_exactly_the_code_it_runs(stage):
+    entry, extra = STAGE_MODULES[stage]
+    assert DVC["stages"][stage]["cmd"].startswith(f"python -m {entry}")
+    assert stage_deps(stage) == imported_files(entry, extra)
+
+
+def test_reporting_code_is_no_dependency_of_training():
+    """Editing a plot must not retrain anything (the dvc status of such an edit is checked
+    for real in tests/e2e/test_dvc_pipeline.py)."""
+    assert not any(f.startswith("pipeline/reporting/") for f in stage_deps("train"))
+    assert not any(f.startswith("pipeline/reporting/") for f in stage_deps("fetch"))
+
+
+def test_strategy_names_live_in_the_registry():
+    plot = DVC["plots"][0]["test accuracy per strategy"]["y"]["reports/accuracy.csv"]
+    assert plot == list(strategies.NAMES)
+    for name in strategies.NAMES:
+        module = strategies.get(name)
+        assert module.NAME == name and (PACKAGE / "strategies" / f"{name}.py").exists()
+        assert callable(module.nproc) and callable(module.parallelize)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert set(params["strategies"]) <= set(strategies.NAMES)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    proc = subprocess.run([sys.executable, "-m", command, "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m {command}")
+    assert len(proc.stdout.splitlines()) > 5  # what it does, not only the usage line

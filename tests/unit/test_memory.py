@@ -1,0 +1,131 @@
+"""Per-device memory arithmetic, without GPUs: physical ids, gathering, imbalance, summaries."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.tracking.provenance import gpu_tags, gpu_uuids, stack_tags
+from pipeline.tracking.system_metrics import renumber_gpu_keys
+from pipeline.training import memory
+from pipeline.training.context import DistContext
+from pipeline.training.memory import DevicePeak
+
+
+def test_renumbered_cuda_index_maps_back_to_the_physical_id():
+    # CUDA_VISIBLE_DEVICES="3,5": the run sees cuda:0 and cuda:1
+    assert memory.physical_label("cuda:0", ("3", "5")) == "gpu3"
+    assert memory.physical_label("cuda:1", ("3", "5")) == "gpu5"
+    assert memory.physical_label("cuda", ("7",)) == "gpu7"
+
+
+def test_dataparallel_reads_every_device_and_ddp_only_its_own():
+    one_process = DistContext(rank=0, local_rank=0, world_size=1, gpus=("3", "5"))
+    assert memory.local_devices(["cuda:0", "cuda:1"], one_process) == [
+        torch.device("cuda", 0),
+        torch.device("cuda", 1),
+    ]
+    rank1 = DistContext(rank=1, local_rank=1, world_size=2, gpus=("3", "5"))
+    assert memory.local_devices(["cuda:0", "cuda:1"], rank1) == [torch.device("cuda", 1)]
+    cpu = DistContext(rank=1, local_rank=1, world_size=2, gpus=())
+    assert memory.local_devices(["cpu", "cpu"], cpu) == []
+
+
+def test_merge_keeps_rank_order_and_sums_processes_sharing_a_gpu():
+    rank0 = [DevicePeak("gpu3", 100.0, 120.0)]
+    rank1 = [DevicePeak("gpu5", 40.0, 50.0)]
+    rank2 = [DevicePeak("gpu3", 10.0, 20.0)]  # a second process on GPU 3
+    merged = memory.merge_peaks([rank0, rank1, rank2])
+    assert merged == [DevicePeak("gpu3", 110.0, 140.0), DevicePeak("gpu5", 40.0, 50.0)]
+
+
+def test_imbalance_and_first_share():
+    assert memory.imbalance([300.0, 100.0]) == pytest.approx(1.5)
+    assert memory.first_share([300.0, 100.0]) == pytest.approx(0.75)
+    assert memory.imbalance([5.0, 5.0, 5.0]) == 1.0
+    assert memory.first_share([5.0, 5.0]) == 0.5
+    assert memory.imbalance([0.0, 0.0]) == 1.0 and memory.first_share([0.0, 0.0]) == 0.5
+
+
+def test_epoch_metrics_name_devices_by_physical_id_or_rank():
+    gpu = memory.epoch_metrics([DevicePeak("gpu3", 300.0, 400.0), DevicePeak("gpu5", 100.0, 150.0)])
+    assert gpu == {
+        "gpu3/peak_allocated_mib": 300.0,
+        "gpu3/peak_reserved_mib": 400.0,
+        "gpu5/peak_allocated_mib": 100.0,
+        "gpu5/peak_reserved_mib": 150.0,
+        "mem_imbalance": pytest.approx(1.5),
+        "gpu0_share": pytest.approx(0.75),
+    }
+    cpu = memory.epoch_metrics([DevicePeak("cpu0", 900.0, None), DevicePeak("cpu1", 900.0, None)])
+    assert cpu == {
+        "cpu0/peak_rss_mib": 900.0,
+        "cpu1/peak_rss_mib": 900.0,
+        "mem_imbalance": 1.0,
+        "cpu0_share": 0.5,
+    }
+
+
+def test_run_summary_takes_each_devices_highest_epoch():
+    history = [
+        {
+            "epoch": 1,
+            "test_acc": 0.5,
+            **memory.epoch_metrics(
+                [DevicePeak("gpu3", 300.0, 512.0), DevicePeak("gpu5", 100.0, 128.0)]
+            ),
+        },
+        {
+            "epoch": 2,
+            "test_acc": 0.6,
+            **memory.epoch_metrics(
+                [DevicePeak("gpu3", 250.0, 512.0), DevicePeak("gpu5", 200.0, 256.0)]
+            ),
+        },
+    ]
+    summary = memory.run_summary(history)
+    assert summary["memory_kind"] == "gpu"
+    assert list(summary["peak_memory_mib"]) == ["gpu3", "gpu5"]  # device 0 first
+    assert summary["peak_memory_mib"] == {"gpu3": 300.0, "gpu5": 200.0}
+    assert summary["peak_reserved_mib"] == {"gpu3": 512.0, "gpu5": 256.0}
+    assert summary["mem_imbalance"] == pytest.approx(1.2)
+    assert summary["gpu0_share"] == pytest.approx(0.6)
+    assert memory.run_summary([{"epoch": 1, "test_acc": 0.5}])["memory_kind"] == "none"
+
+
+def test_cpu_peak_is_the_process_rss_and_resets_each_epoch():
+    ctx = DistContext(rank=2, local_rank=0, world_size=3, gpus=())
+    memory.reset_peaks([])
+    block = bytearray(300 * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page so it is resident
+    (peak,) = memory.read_peaks([], ctx)
+    assert peak.label == "cpu2" and peak.reserved_mib is None and peak.kind == "cpu"
+    assert peak.allocated_mib > 300
+    del block
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("no /proc/self/clear_refs: the peak cannot be reset here")
+    memory.reset_peaks([])
+    assert memory.read_peaks([], ctx)[0].allocated_mib < peak.allocated_mib - 200
+
+
+def test_system_metrics_are_renamed_to_physical_ids():
+    sampled = {
+        "gpu_0_utilization_percentage": 90.0,
+        "gpu_1_memory_usage_megabytes": 5.0,
+        "cpu_utilization_percentage": 50.0,
+    }
+    assert renumber_gpu_keys(sampled, ["3", "5"]) == {
+        "gpu_3_utilization_percentage": 90.0,
+        "gpu_5_memory_usage_megabytes": 5.0,
+        "cpu_utilization_percentage": 50.0,
+    }
+
+
+def test_provenance_on_a_machine_without_gpus(monkeypatch):
+    monkeypatch.setenv("PARALLEL_LAB_IMAGE", "registry/parallel-lab:1")
+    tags = stack_tags()
+    assert tags["torch"] == torch.__version__
+    assert tags["container_image"] == "registry/parallel-lab:1"
+    assert all(isinstance(v, str) and v for v in tags.values())
+    assert len(tags["params_sha256"]) == 64
+    assert gpu_tags(()) == {"gpu_names": "none (CPU)"} and gpu_uuids(()) == {}

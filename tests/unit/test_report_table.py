@@ -1,0 +1,108 @@
+"""The comparison's arithmetic and table (pipeline/reporting/table.py) as pure functions."""
+
+import pytest
+
+from pipeline import results
+from pipeline.config import load_config
+from pipeline.errors import UserError
+from pipeline.reporting import table
+from pipeline.results import EpochRow, RunSummary
+
+
+def history(accs, seconds) -> list[EpochRow]:
+    wall, rows = 0.0, []
+    for i, (acc, s) in enumerate(zip(accs, seconds)):
+        wall += s
+        rows.append(EpochRow(i + 1, 1.0, 0.5, 1.0, acc, s, 64 / s, wall))
+    return rows
+
+
+def metrics(name, devices, steady, acc, peaks) -> RunSummary:
+    memory = {
+        "memory_kind": "gpu",
+        "peak_memory_mib": peaks,
+        "peak_reserved_mib": peaks,
+        "mem_imbalance": 1.0,
+        "gpu0_share": 0.5,
+    }
+    return RunSummary(
+        strategy=name,
+        world_size=len(devices),
+        devices=devices,
+        batch_split=[64 // len(devices)] * len(devices),
+        epochs=2,
+        test_acc=acc,
+        best_test_acc=acc,
+        test_loss=1.0,
+        train_loss=1.0,
+        epoch_seconds=steady,
+        samples_per_s=6400 / steady,
+        total_seconds=9.0 + steady,
+        warmup_epoch_seconds=9.0,
+        steady_epoch_seconds=steady,
+        steady_samples_per_s=6400 / steady,
+        memory=memory,
+    )
+
+
+def test_warmup_is_the_first_epoch_and_steady_the_median_of_the_rest():
+    assert results.warmup_seconds([10.0, 2.0, 4.0, 3.0]) == 10.0
+    assert results.steady_seconds([10.0, 2.0, 4.0, 3.0]) == 3.0
+    assert results.steady_seconds([10.0, 2.0, 4.0]) == 3.0
+    assert results.steady_seconds([10.0]) == 10.0  # one epoch: no steady state to tell apart
+
+
+def test_time_to_target_is_the_first_crossing_or_none():
+    h = history([0.5, 0.8, 0.7, 0.9], [3.0, 2.0, 2.0, 2.0])
+    assert table.time_to_target(h, 0.75) == (2, 5.0)
+    assert table.time_to_target(h, 0.5) == (1, 3.0)
+    assert table.time_to_target(h, 0.95) == (None, None)
+    assert table.time_to_target(h, None) == (None, None)
+
+
+def test_speedup_efficiency_and_delta():
+    assert table.speedup(10.0, 4.0) == 2.5
+    assert table.scaling_efficiency(2.5, 4) == 0.625
+    assert table.delta(0.91, 0.9) == pytest.approx(0.01)
+    assert table.speedup(None, 4.0) is None and table.scaling_efficiency(None, 2) is None
+    assert table.delta(0.9, None) is None
+
+
+def test_rows_compare_against_single():
+    results = [
+        metrics("single", ["cuda:0"], 10.0, 0.90, {"gpu0": 100.0}),
+        metrics("ddp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 60.0, "gpu1": 60.0}),
+    ]
+    hist = {"single": history([0.8, 0.9], [9.0, 10.0]), "ddp": history([0.7, 0.88], [9.0, 4.0])}
+    single, ddp = table.comparison_rows(results, hist, 0.85)
+    assert single["speedup_vs_single"] == 1.0 and single["acc_delta_vs_single"] == 0.0
+    assert ddp["speedup_vs_single"] == 2.5 and ddp["scaling_efficiency"] == 1.25
+    assert ddp["acc_delta_vs_single"] == pytest.approx(-0.02)
+    assert (single["epoch_to_target"], single["time_to_target_s"]) == (2, 19.0)
+    assert ddp["time_to_target_s"] == 13.0 and ddp["gpu0_share"] == 0.5
+    text = table.markdown_table([single, ddp], 0.85)
+    assert "peak allocated MiB per GPU" in text and "time to acc 0.85" in text
+    assert "| ddp | 2 | cuda:0, cuda:1 | 32+32 | 9.00 | 4.00 | 1600 | 2.50x | 125% |" in text
+    assert "gpu0 60, gpu1 60" in text and "13.0 s (epoch 2)" in text
+
+
+def test_rows_without_single_say_so_instead_of_inventing_a_baseline():
+    ddp = metrics("ddp", ["cpu", "cpu"], 4.0, 0.8, {"cpu0": 900.0, "cpu1": 800.0})
+    ddp.memory.update(memory_kind="cpu", peak_reserved_mib={})
+    (row,) = table.comparison_rows([ddp], {"ddp": history([0.5], [4.0])}, 0.9)
+    assert row["speedup_vs_single"] is None and row["acc_delta_vs_single"] is None
+    text = table.markdown_table([row], 0.9)
+    assert "peak RSS (CPU) MiB per process" in text
+    assert "| n/a | n/a |" in text and "not reached" in text
+
+
+def test_target_accuracy_is_a_fraction():
+    with pytest.raises(UserError, match="report.target_accuracy: got 90.0, expected <= 1.0"):
+        load_config("params.yaml", ["report.target_accuracy=90.0"])
+    cfg = load_config("params.yaml", ["report.target_accuracy=null"])
+    assert cfg.report.target_accuracy is None
+
+
+def test_accuracy_file_has_a_column_for_every_known_strategy():
+    text = table.accuracy_wide({"ddp": history([0.5, 0.75], [1, 1])}, ["single", "ddp"])
+    assert text == "epoch,single,ddp\n1,,0.5\n2,,0.75\n"

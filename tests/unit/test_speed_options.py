@@ -1,0 +1,353 @@
+"""The speed options of the shared loop, on the CPU: augmentation, precision modes and their
+fallbacks, the learning-rate schedules, and the two training loaders against each other.
+One real CLI run trains with the options combined."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from torch import nn
+
+from pipeline.config import Config, TrainConfig, load_config
+from pipeline.data.device_data import to_device
+from pipeline.data.download import convert
+from pipeline.data.loaders import (
+    DataLoaderBatches,
+    DeviceBatches,
+    augment_plan,
+    crop_flip,
+    make_batches,
+)
+from pipeline.errors import UserError
+from pipeline.strategies.base import Parallel
+from pipeline.training.build import fit_to_strategy
+from pipeline.training.checkpoint import Checkpointer, Position
+from pipeline.training.model import build_model
+from pipeline.training.optim import loss_function, lr_at, make_optimizer
+from pipeline.training.precision import (
+    build_precision,
+    compile_forward,
+    configure_backends,
+)
+
+CPU = torch.device("cpu")
+
+
+def config(*overrides: str) -> Config:
+    return load_config(Path("does-not-exist.yaml"), list(overrides))
+
+
+# --- augmentation -------------------------------------------------------------------------
+
+
+def test_crop_flip_is_torchvisions_padded_crop_then_flip():
+    images = torch.randint(0, 256, (40, 28, 28), dtype=torch.uint8)
+    plan = augment_plan(seed=1, epoch=0, n=40, device=CPU)
+    out = crop_flip(images, plan[:, :2], plan[:, 2].bool())
+    for image, (dy, dx, flip), got in zip(images, plan.tolist(), out):
+        expected = TF.crop(TF.pad(image[None], [4]), dy, dx, 28, 28)  # RandomCrop(28, padding=4)
+        expected = TF.hflip(expected) if flip else expected
+        assert torch.equal(got, expected[0])
+
+
+def test_augment_plan_covers_every_offset_and_both_flips():
+    plan = augment_plan(seed=0, epoch=3, n=5000, device=CPU)
+    assert set(plan[:, 0].tolist()) == set(range(9)) == set(plan[:, 1].tolist())
+    assert set(plan[:, 2].tolist()) == {0, 1}
+    assert torch.equal(plan, augment_plan(seed=0, epoch=3, n=5000, device=CPU))
+    assert not torch.equal(plan, augment_plan(seed=0, epoch=4, n=5000, device=CPU))
+
+
+@pytest.fixture(scope="module")
+def tensors(raw_dataset):
+    return convert(raw_dataset[0])
+
+
+def device_batches(tensors, *overrides: str, rank: int = 0, world: int = 1) -> DeviceBatches:
+    cfg = config("train.batch_size=32", *overrides)
+    data = to_device(tensors, CPU, cfg.data.limit_train, None)
+    return make_batches(data, cfg, rank, world, torch.float32, False, CPU)
+
+
+def test_augmented_ranks_together_train_singles_batch(tensors):
+    """Augmentation is drawn per position of the order: each sample looks the same whichever
+    rank trains it, so the ranks' shares of a micro-batch make up single's micro-batch."""
+    opts = ("data.augment=true", "train.grad_accum=2")
+    single = list(device_batches(tensors, *opts).epoch(1))
+    ranks = [list(device_batches(tensors, *opts, rank=r, world=2).epoch(1)) for r in (0, 1)]
+    for (_, micro), (_, m0), (_, m1) in zip(single, *ranks):
+        for (x, y), (x0, y0), (x1, y1) in zip(micro, m0, m1):
+            assert torch.equal(x[0::2], x0) and torch.equal(x[1::2], x1)
+            assert torch.equal(y[0::2], y0) and torch.equal(y[1::2], y1)
+    plain = list(device_batches(tensors).epoch(1))
+    assert not torch.equal(single[0][1][0][0], torch.cat([x for x, _ in plain[0][1]]))
+
+
+# --- the two loaders ----------------------------------------------------------------------
+
+
+def dataloader_batches(
+    tensors, raw_dir, *overrides: str, rank: int = 0, world: int = 1
+) -> DataLoaderBatches:
+    cfg = config("train.batch_size=32", "data.loader=dataloader", "data.workers=0", *overrides)
+    data = to_device(tensors, CPU, cfg.data.limit_train, None)
+    return make_batches(data, cfg, rank, world, torch.float32, False, CPU, raw_dir)
+
+
+def flat(steps) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [pair for _, micro in steps for pair in micro]
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_loaders_give_identical_batches_when_their_permutations_agree(tensors, raw_dataset, accum):
+    """At seed 0 the device path's generator (seed * 1000003 + epoch) and the samplers'
+    (seed + epoch) get the same seed, and on the CPU draw the same permutation: then the
+    torchvision path (PIL, ToTensor, Normalize, DataLoader) must produce exactly the device
+    path's batches, accumulation split and dropped remainder included."""
+    opts = ("seed=0", f"train.grad_accum={accum}", "data.limit_train=200")
+    device = device_batches(tensors, *opts)
+    loader = dataloader_batches(tensors, raw_dataset[0], *opts)
+    assert device.steps == loader.steps == 200 // 32
+    for epoch in (0, 1):
+        a, b = flat(device.epoch(epoch)), flat(loader.epoch(epoch))
+        assert len(a) == len(b) == device.steps * accum
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_dataloader_ranks_together_train_singles_batch(tensors, raw_dataset):
+    """DistributedSampler strides over the same seeded permutation the single-rank sampler
+    draws, so the ranks' shares make up single's batch (the device path's rule)."""
+    opts = ("seed=3", "train.grad_accum=2")
+    single = flat(dataloader_batches(tensors, raw_dataset[0], *opts).epoch(2))
+    ranks = [
+        flat(dataloader_batches(tensors, raw_dataset[0], *opts, rank=r, world=2).epoch(2))
+        for r in (0, 1)
+    ]
+    assert len(single) == len(ranks[0]) == len(ranks[1]) == (512 // 32) * 2
+    for (x, y), (x0, y0), (x1, y1) in zip(single, *ranks):
+        assert torch.equal(x[0::2], x0) and torch.equal(x[1::2], x1)
+        assert torch.equal(y[0::2], y0) and torch.equal(y[1::2], y1)
+
+
+@pytest.mark.parametrize("loader", ["device", "dataloader"])
+def test_a_resumed_epoch_continues_with_the_same_batches(tensors, raw_dataset, loader):
+    opts = ("seed=5", "data.augment=true") if loader == "device" else ("seed=5",)
+    make = (
+        (lambda: device_batches(tensors, *opts))
+        if loader == "device"
+        else (lambda: dataloader_batches(tensors, raw_dataset[0], *opts))
+    )
+    whole, tail = list(make().epoch(1)), list(make().epoch(1, start_step=5))
+    assert [s for s, _ in tail] == list(range(5, 16))
+    for (_, micro), (_, again) in zip(whole[5:], tail):
+        assert all(torch.equal(a, b) for pa, pb in zip(micro, again) for a, b in zip(pa, pb))
+
+
+def test_channels_last_inputs(tensors):
+    cfg = config("train.batch_size=32")
+    batches = make_batches(to_device(tensors, CPU, None, None), cfg, 0, 1, torch.float32, True, CPU)
+    ((_, [(x, _)]),) = list(batches.epoch(0, start_step=15))
+    assert x.shape == (32, 1, 28, 28) and x.is_contiguous(memory_format=torch.channels_last)
+
+
+# --- precision ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["fp16", "tf32"])
+def test_cuda_only_modes_fall_back_to_fp32_on_cpu_with_a_note(name):
+    prec = build_precision(name, CPU)
+    assert (prec.name, prec.dtype, prec.autocast_dtype, prec.scaler) == (
+        "fp32",
+        torch.float32,
+        None,
+        None,
+    )
+    assert len(prec.notes) == 1 and name in prec.notes[0] and "fp32" in prec.notes[0]
+
+
+def test_bf16_autocasts_on_cpu_and_keeps_fp32_parameters():
+    prec = build_precision("bf16", CPU)
+    model = nn.Linear(4, 3)
+    with prec.autocast():
+        out = model(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16 and model.weight.dtype == torch.float32
+    assert prec.notes == [] and prec.scaler is None
+
+
+def test_fp64_is_plain_fp64():
+    prec = build_precision("fp64", CPU)
+    assert (prec.dtype, prec.autocast_dtype, prec.scaler, prec.notes) == (
+        torch.float64,
+        None,
+        None,
+        [],
+    )
+    with prec.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_plain_precision_steps_like_backward_and_step():
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 2), nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(8, 4)
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    prec = build_precision("fp32", CPU)
+    prec.backward(a(x).sum())
+    prec.step(opt_a)
+    b(x).sum().backward()
+    opt_b.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def plain_parallel(model: nn.Module, pipelined: bool = False) -> Parallel:
+    return Parallel(
+        module=model,
+        forward=None if pipelined else model,
+        data_rank=0,
+        data_world=1,
+        writer=True,
+        devices=["cpu"],
+        batch_split=[1],
+        pipeline_step=(lambda x, y, training: None) if pipelined else None,
+    )
+
+
+def test_a_pipeline_schedule_takes_neither_autocast_nor_channels_last():
+    model = build_model(4, 0)
+    prec, channels_last = fit_to_strategy(
+        build_precision("bf16", CPU), plain_parallel(model, pipelined=True), True
+    )
+    assert prec.name == "fp32" and prec.autocast_dtype is None and not channels_last
+    assert any("bf16" in n for n in prec.notes) and any("channels_last" in n for n in prec.notes)
+    assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_channels_last_converts_the_wrapped_model_in_place():
+    model = build_model(4, 0)
+    params = list(model.parameters())
+    prec, channels_last = fit_to_strategy(build_precision("fp32", CPU), plain_parallel(model), True)
+    assert channels_last and prec.notes == []
+    assert list(model.parameters()) == params  # the same Parameter objects
+    assert model[0][0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_compile_is_skipped_with_a_note_where_there_is_no_forward():
+    assert compile_forward(None, True) == (
+        None,
+        ["compile: not applied; this strategy runs its own pipeline schedule"],
+    )
+    forward = nn.Linear(2, 2)
+    assert compile_forward(forward, False) == (forward, [])
+
+
+def test_cuda_graphs_are_not_asked_of_a_strategy_that_cannot_take_them():
+    forward = nn.Linear(2, 2)
+    _, notes = compile_forward(forward, True, "reduce-overhead", cuda_graphs=False)
+    assert any("reduce-overhead: not applied" in n for n in notes)
+    _, notes = compile_forward(forward, True, "reduce-overhead")
+    assert "compile mode: reduce-overhead" in notes
+
+
+def test_auto_speed_settings_on_the_cpu_are_fp32_and_nchw():
+    model = build_model(4, 0)
+    prec, channels_last = fit_to_strategy(build_precision("auto", CPU), plain_parallel(model), None)
+    assert prec.name == "fp32" and prec.autocast_dtype is None and not channels_last
+    assert model[0][0].weight.is_contiguous()
+
+
+def test_backend_switches_leave_the_cpu_alone():
+    before = torch.backends.cudnn.benchmark
+    configure_backends(build_precision("tf32", CPU), CPU)
+    assert torch.backends.cudnn.benchmark == before
+
+
+# --- optimizer, schedule, loss ------------------------------------------------------------
+
+
+def test_sgd_runs_fused_on_plain_tensors():
+    optimizer = make_optimizer(nn.Linear(3, 3).parameters(), TrainConfig(momentum=0.9))
+    assert optimizer.defaults["fused"] and optimizer.defaults["momentum"] == 0.9
+
+
+def test_onecycle_is_torchs_onecycle_curve():
+    train = TrainConfig(epochs=4, lr=0.4, lr_schedule="onecycle", warmup_epochs=1.0)
+    steps_per_epoch = 10
+    model = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4)
+    reference = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=0.4,
+        total_steps=40,
+        pct_start=0.25,
+        anneal_strategy="cos",
+        cycle_momentum=False,
+    )
+    for step in range(40):
+        assert lr_at(train, step, steps_per_epoch) == pytest.approx(
+            optimizer.param_groups[0]["lr"], rel=1e-9
+        )
+        optimizer.step()
+        reference.step()
+
+
+def test_cosine_warms_up_linearly_then_decays_to_zero():
+    train = TrainConfig(epochs=5, lr=0.2, lr_schedule="cosine", warmup_epochs=1.0)
+    lrs = [lr_at(train, step, 10) for step in range(50)]
+    assert lrs[:10] == pytest.approx([0.02 * (i + 1) for i in range(10)])
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] < 0.001
+    assert lr_at(replace(train, lr_schedule="none"), 37, 10) == 0.2
+
+
+def test_linear_lr_scaling_sets_the_schedules_peak():
+    train = TrainConfig(
+        epochs=2,
+        lr=0.1,
+        batch_size=512,
+        lr_scaling="linear",
+        lr_schedule="cosine",
+        warmup_epochs=1.0,
+    )
+    assert lr_at(train, 9, 10) == pytest.approx(0.2)
+
+
+def test_label_smoothing_is_refused_where_the_schedule_owns_the_loss():
+    train = TrainConfig(label_smoothing=0.1)
+    with pytest.raises(UserError, match="train.label_smoothing"):
+        loss_function(train, schedule_owns_loss=True)
+    logits, labels = torch.randn(4, 10), torch.tensor([1, 2, 3, 4])
+    expected = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1)
+    assert torch.equal(loss_function(train, schedule_owns_loss=False)(logits, labels), expected)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("train.precision", "fp8"),
+        ("data.loader", "ffcv"),
+        ("train.lr_schedule", "step"),
+        ("train.label_smoothing", "1.0"),
+    ],
+)
+def test_bad_option_values_are_refused(key, value):
+    with pytest.raises(UserError, match=key):
+        config(f"{key}={value}")
+
+
+# --- the options together, through the CLI ------------------------------------------------
+
+
+def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path):
+    # fp16 runs on CUDA only; the scaler's state is plain numbers, which the weights-only
+    # checkpoint loader must accept (it refuses arbitrary objects)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, writer=True, key="k")
+    ckpt.save(Position(1, 0), {"grad_scaler": scaler.state_dict()}, {"history": []})
+    restored = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(ckpt.load(ckpt.latest()[0])["grad_scaler"])
+    assert restored.get_scale() == 1024.0

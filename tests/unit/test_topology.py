@@ -1,0 +1,144 @@
+"""How many nodes a train stage spans and the torchrun arguments that say so (pure)."""
+
+import pytest
+
+from pipeline.config import DistConfig
+from pipeline.errors import UserError
+from pipeline.training.topology import (
+    Topology,
+    check_multi_node,
+    lost_node_hint,
+    parse_endpoint,
+    parse_nnodes,
+    resolve_topology,
+    torchrun_args,
+    worker_overrides,
+)
+
+
+def dist(**kw) -> DistConfig:
+    return DistConfig(**kw)
+
+
+def test_one_node_is_standalone():
+    topo = resolve_topology(dist(), {}, "ddp")
+    assert not topo.multi_node
+    assert torchrun_args(2, 1, topo) == ["--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+
+
+def test_several_nodes_rendezvous_over_c10d():
+    topo = resolve_topology(dist(nnodes=2, node_rank=1, rdzv_endpoint="node0:1234"), {}, "ddp")
+    assert torchrun_args(4, 3, topo) == [
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--max-restarts=3",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node0:1234",
+        "--rdzv-id=parallel-lab-ddp",
+        "--rdzv-conf=join_timeout=600,is_host=0",
+    ]
+    node0 = resolve_topology(dist(nnodes=2, node_rank=0, rdzv_endpoint="node0:1234"), {}, "ddp")
+    assert torchrun_args(4, 3, node0)[-1] == "--rdzv-conf=join_timeout=600,is_host=1"
+
+
+def test_environment_wins_over_params():
+    params = dist(nnodes=4, node_rank=0, rdzv_endpoint="params-host:1", rdzv_id="p")
+    env = {
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "head",
+        "MASTER_PORT": "29500",
+        "RDZV_ID": "job-7",
+    }
+    topo = resolve_topology(params, env, "fsdp")
+    assert (topo.nnodes, topo.node_rank, topo.endpoint, topo.rdzv_id) == (
+        "2",
+        1,
+        "head:29500",
+        "job-7",
+    )
+    # RDZV_ENDPOINT beats MASTER_ADDR+MASTER_PORT
+    topo = resolve_topology(params, {**env, "RDZV_ENDPOINT": "rdzv:29400"}, "fsdp")
+    assert topo.endpoint == "rdzv:29400"
+
+
+def test_kubeflow_trainer_environment():
+    # what the Torch plugin of Kubeflow Trainer puts into every `node` container
+    env = {
+        "PET_NNODES": "3",
+        "PET_NPROC_PER_NODE": "auto",
+        "PET_NODE_RANK": "2",
+        "PET_MASTER_ADDR": "job-node-0-0.job",
+        "PET_MASTER_PORT": "29400",
+    }
+    topo = resolve_topology(dist(), env, "ddp")
+    assert (topo.nnodes, topo.node_rank, topo.endpoint, topo.source) == (
+        "3",
+        2,
+        "job-node-0-0.job:29400",
+        "PET_NNODES",
+    )
+
+
+def test_elastic_range_from_params_or_environment():
+    topo = resolve_topology(dist(nnodes=4, min_nnodes=2, rdzv_endpoint="h"), {}, "ddp")
+    assert (topo.min_nodes, topo.max_nodes, topo.endpoint) == (2, 4, "h:29400")
+    assert "--nnodes=2:4" in torchrun_args(1, 0, topo)
+    assert (
+        resolve_topology(dist(), {"NNODES": "1:3", "RDZV_ENDPOINT": "h:1"}, "ddp").nnodes == "1:3"
+    )
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"NNODES": "2"}, ["dist.rdzv_endpoint", "not set", "NNODES is 2"]),
+        ({"NNODES": "0"}, ["NNODES", "'0'"]),
+        ({"NNODES": "3:2"}, ["NNODES", "MIN:MAX"]),
+        ({"NNODES": "2", "RDZV_ENDPOINT": "h:99999"}, ["RDZV_ENDPOINT", "host:port"]),
+        ({"NNODES": "2", "RDZV_ENDPOINT": "h:1", "NODE_RANK": "x"}, ["NODE_RANK", "'x'"]),
+        ({"NNODES": "2", "RDZV_ENDPOINT": "h:1", "NODE_RANK": "2"}, ["dist.node_rank", "0..1"]),
+    ],
+)
+def test_bad_topology_is_one_line_naming_its_source(env, words):
+    with pytest.raises(UserError) as err:
+        resolve_topology(dist(), env, "ddp")
+    assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), err.value
+
+
+def test_which_strategies_span_nodes_and_batch_divisibility():
+    two = Topology(2, 2, 0, "h:1", "id", 600)
+    check_multi_node("single", Topology(1, 1, None, None, "id", 600), 1, 32, 1)
+    with pytest.raises(UserError, match="'single' runs on one node"):
+        check_multi_node("single", two, 1, 32, 1)
+    with pytest.raises(UserError, match="'pipeline_parallel' runs on one node"):
+        check_multi_node("pipeline_parallel", two, 2, 32, 1)
+    check_multi_node("fsdp", two, 2, 32, 2)
+    # elastic: every world size in the range must split the global batch
+    with pytest.raises(UserError, match="on 3 node"):
+        check_multi_node("ddp", Topology(2, 4, None, "h:1", "id", 600), 2, 16, 1)
+
+
+def test_parsers():
+    assert parse_nnodes("2") == (2, 2) and parse_nnodes(" 1:4 ") == (1, 4)
+    assert parse_endpoint("10.0.0.1") == "10.0.0.1:29400"
+    assert parse_endpoint("[::1]:5") == "[::1]:5"
+    for bad in ("", "1:2:3", "a"):
+        with pytest.raises(UserError):
+            parse_nnodes(bad)
+    with pytest.raises(UserError):
+        parse_endpoint(":80")
+
+
+def test_workers_never_see_node_specific_overrides():
+    assert worker_overrides(["dist.node_rank=1", "train.lr=0.2", "dist.nnodes=2"]) == [
+        "train.lr=0.2"
+    ]
+
+
+def test_lost_node_hint_says_where_a_rerun_resumes():
+    two = Topology(2, 2, 0, "h:1", "id", 20)
+    hint = lost_node_hint("ddp", 1, two, (1, 0))
+    assert "\n" not in hint and "resume from epoch 2 step 0" in hint
+    assert "dist.join_timeout_s=20s" in hint
+    assert "the start" in lost_node_hint("ddp", 1, two, None)
