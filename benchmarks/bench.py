@@ -231,7 +231,7 @@ class ProjectRow:
     def close(self) -> None:
         if self.tracker is not None:
             self.tracker.stop_system_metrics()
-            self.tracker.publish(self.history, finished=True)
+            self.tracker.publish(self.history, status="FINISHED")
 
 
 def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):

@@ -130,7 +130,9 @@ class FsdpConfig:
 
 @dataclass
 class BalancedDpConfig:
-    # Samples GPU 0 gets per forward; GPU 0 also gathers outputs, so it gets less.
+    # GPU 0's share of each batch per optimizer step (as in the source notes); GPU 0 also
+    # gathers outputs, so it gets less. With train.grad_accum it must divide evenly over the
+    # step's forwards: batch 16, gpu0_bsz 4, grad_accum 2 on 3 GPUs is 2+3+3 per forward.
     # 0 leaves GPU 0 only gathering. null = an even split. auto: a short profiling pass
     # before training picks the candidate with the lowest peak memory among those within 5%
     # of the best throughput (pipeline/strategies/gpu0_autotune.py); null on the CPU or one GPU.

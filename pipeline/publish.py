@@ -28,23 +28,27 @@ def main(argv: Optional[list[str]] = None) -> None:
     # --help and bad input need not wait for.
     from pipeline.tracking.publish import publish_strategy
 
-    failed = []
+    unreachable, refused = [], []
     for name in cfg.strategies:
         try:
             print(f"publish: {publish_strategy(name)}", flush=True)
-        except UserError:
-            raise
+        except UserError as err:  # this strategy's files disagree: the others still go
+            refused.append(str(err))
+            print(f"publish: {name}: {err}", file=sys.stderr, flush=True)
         except Exception as err:  # noqa: BLE001 - report each strategy, then fail overall
-            failed.append(name)
+            unreachable.append(name)
             print(
                 f"publish: {name}: MLflow at {tracking_uri()} unreachable: {first_line(err)}",
                 file=sys.stderr,
                 flush=True,
             )
-    if failed:
+    if refused:
+        raise UserError(refused[0] + (f" (and {len(refused) - 1} more)" if refused[1:] else ""))
+    if unreachable:
         raise UserError(
             f"MLFLOW_TRACKING_URI: could not reach {tracking_uri()} for "
-            f"{', '.join(failed)}; everything is still kept locally, run again later"
+            f"{', '.join(unreachable)}; everything is still kept locally, run "
+            "again later"
         )
 
 

@@ -1,9 +1,13 @@
-"""results/<strategy>/: what a train stage leaves behind and the compare stage reads.
+"""What a train stage leaves behind, and the compare stage and `publish` read.
 
+results/<strategy>/ (DVC outputs):
     model.pt      final weights: the plain model's state_dict, whatever the strategy
     metrics.json  `RunSummary` (DVC metrics)
     history.csv   one `EpochRow` per epoch (DVC plots)
     config.yaml   the resolved configuration the run used
+checkpoints/<strategy>/ (the run's state; training/checkpoint.py):
+    latest.json   the commit record of the last checkpoint, with the epochs so far
+    run.json      the MLflow run: its store, id, params, tags and status (tracking/)
 
 The per-epoch row and the run's summary are typed here, once: training fills them, the
 checkpoint record and MLflow carry them, reporting reads them back.
@@ -23,6 +27,8 @@ from pipeline.errors import UserError
 from pipeline.files import atomic_write
 
 RESULTS = Path("results")
+CHECKPOINTS = Path("checkpoints")
+RUN_RECORD, CHECKPOINT_RECORD = "run.json", "latest.json"
 MODEL, METRICS, HISTORY, CONFIG = "model.pt", "metrics.json", "history.csv", "config.yaml"
 ARTIFACTS = (METRICS, HISTORY, CONFIG, MODEL)  # what each strategy's MLflow run gets
 
@@ -39,12 +45,13 @@ class EpochRow:
     epoch_seconds: float  # training only, device synchronised at the end
     samples_per_s: float
     wall_seconds: float  # since training began (a resumed run goes on counting)
+    ended_at: float = 0.0  # Unix time the epoch ended: its metrics' timestamp in MLflow
     # pipeline.training.memory.epoch_metrics: "gpu3/peak_allocated_mib", "mem_imbalance", ...
     memory: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """What MLflow logs for this epoch (at step = epoch)."""
-        return {**{name: float(getattr(self, name)) for name in HISTORY_COLUMNS[1:]}, **self.memory}
+        return {**{name: float(getattr(self, name)) for name in METRIC_COLUMNS}, **self.memory}
 
     def to_record(self) -> dict[str, Any]:
         """The flat mapping a checkpoint record keeps."""
@@ -58,6 +65,7 @@ class EpochRow:
 
 
 HISTORY_COLUMNS = tuple(f.name for f in dataclasses.fields(EpochRow) if f.name != "memory")
+METRIC_COLUMNS = tuple(c for c in HISTORY_COLUMNS if c not in ("epoch", "ended_at"))
 
 
 @dataclass
@@ -84,14 +92,20 @@ class RunSummary:
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     mlflow_run_id: Optional[str] = None
+    fingerprint: Optional[str] = None  # the run's identity (pipeline/training/identity.py)
 
     def to_json(self) -> dict[str, Any]:
+        last = ("memory", "notes", "mlflow_run_id", "fingerprint")
         out = {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in ("memory", "notes", "mlflow_run_id")
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in last
         }
-        return {**out, **self.memory, "notes": self.notes, "mlflow_run_id": self.mlflow_run_id}
+        return {
+            **out,
+            **self.memory,
+            "notes": self.notes,
+            "mlflow_run_id": self.mlflow_run_id,
+            "fingerprint": self.fingerprint,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSummary:
@@ -128,10 +142,14 @@ def write_results(
 
 
 def history_csv(history: list[EpochRow]) -> str:
+    def cell(name: str, value: float | int) -> str:
+        if name == "ended_at":
+            return f"{value:.3f}"  # a Unix time: 6 significant digits would lose the day
+        return f"{value:.6g}" if isinstance(value, float) else str(value)
+
     lines = [",".join(HISTORY_COLUMNS)]
     for row in history:
-        values = (getattr(row, name) for name in HISTORY_COLUMNS)
-        lines.append(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values))
+        lines.append(",".join(cell(name, getattr(row, name)) for name in HISTORY_COLUMNS))
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from support import TESTS, Mirror, make_project, run, serve, tiny_params, write_raw
+from pipeline.strategies import NAMES
+from support import (
+    IMAGE,
+    LEARNED,
+    TESTS,
+    Mirror,
+    dvc,
+    make_project,
+    run,
+    serve,
+    tiny_params,
+    write_raw,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,3 +53,17 @@ def fetched_project(tmp_path, http_mirror):
         return project
 
     return make
+
+
+@pytest.fixture(scope="session")
+def every_strategy(tmp_path_factory, http_mirror) -> Path:
+    """One tiny `dvc repro` of every strategy, which the report and the invariant tests read
+    (tests that change it work on a copy)."""
+    params = tiny_params(
+        http_mirror,
+        strategies=list(NAMES),
+        report={"target_accuracy": LEARNED, "system_metrics_interval_s": 0.5},
+    )
+    project = make_project(tmp_path_factory.mktemp("every") / "project", params)
+    dvc(project, "repro", timeout=900, PARALLEL_LAB_IMAGE=IMAGE)
+    return project

@@ -22,6 +22,7 @@ from pipeline.results import read_history, read_summary
 from pipeline.strategies import NAMES
 from pipeline.tracking.comparison import close_comparison, open_comparison
 from pipeline.tracking.provenance import base_tags
+from pipeline.tracking.publish import current_run_id
 
 REPORTS = Path("reports")
 # the figures MLflow gets per strategy run, beside its per-epoch metrics
@@ -44,8 +45,12 @@ def compare(cfg: Config) -> str:
     histories = {name: read_history(name) for name in cfg.strategies}
     rows = table.comparison_rows(results, histories, target)
     REPORTS.mkdir(exist_ok=True)
+    for row, result in zip(rows, results):  # the runs as the store MLflow points at holds them
+        row["mlflow_run_id"] = current_run_id(result.strategy, result.fingerprint)
+    children = [r["mlflow_run_id"] for r in rows if r["mlflow_run_id"]]
     parent_id = open_comparison(
         cfg.mlflow.experiment,
+        children,
         {**base_tags(), "dvc_stage": "compare", "strategies": ",".join(cfg.strategies)},
         {"strategies": ",".join(cfg.strategies), "report.target_accuracy": target},
     )

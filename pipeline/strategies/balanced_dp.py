@@ -2,9 +2,12 @@
 
 GPU 0 holds, besides its replica's work, the gathered logits, the loss, the gradients of the
 one model and the optimizer state, so under plain DataParallel it runs out of memory first.
-`BalancedDataParallel` gives it `balanced_dp.gpu0_bsz` samples per forward and spreads the
-rest over the other GPUs (the rule is batch_split.balanced_split). `gpu0_bsz: auto` picks
-the value by a short profiling pass before training (gpu0_autotune.py).
+`balanced_dp.gpu0_bsz` is GPU 0's share of the batch per optimizer step, as in the source
+notes (`BalancedDataParallel(gpu0_bsz // acc_grad, ...)`): with gradient accumulation each
+of the step's forwards gives GPU 0 gpu0_bsz / grad_accum samples (batch 16, gpu0_bsz 4,
+grad_accum 2, 3 GPUs: each forward 2+3+3), and the rest is spread over the other GPUs (the
+rule is batch_split.balanced_split). `gpu0_bsz: auto` picks the value by a short profiling
+pass before training (gpu0_autotune.py).
 
 This is a rewrite of the widely copied BalancedDataParallel without its bugs: there, one
 device divided by zero; the batch size was read from inputs[0], so keyword or non-tensor first
@@ -28,7 +31,8 @@ from pipeline.errors import UserError
 from pipeline.strategies import gpu0_autotune
 from pipeline.strategies.base import Parallel
 from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
-from pipeline.strategies.dp import device_names, split_note
+from pipeline.strategies.dp import batchnorm_note, device_names, split_note
+from pipeline.strategies.replica_autocast import AutocastDataParallel, keep_autocast
 from pipeline.training.context import DistContext
 from pipeline.training.precision import build_precision
 
@@ -36,24 +40,39 @@ NAME = "balanced_dp"
 
 
 def nproc(cfg: Config, n_gpus: int) -> int:
-    micro = cfg.train.batch_size // cfg.train.grad_accum
-    gpu0_bsz = cfg.balanced_dp.gpu0_bsz
-    if gpu0_bsz != gpu0_autotune.AUTO and gpu0_bsz is not None and gpu0_bsz > micro:
-        raise UserError(
-            f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected at most the micro-batch "
-            f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
-            f"{cfg.train.grad_accum} = {micro}"
-        )
+    gpu0_per_forward(cfg)  # refuses a gpu0_bsz the step's forwards cannot share
     return 1  # one process drives all devices
 
 
+def gpu0_per_forward(cfg: Config) -> Optional[int]:
+    """GPU 0's samples in each forward: balanced_dp.gpu0_bsz (per optimizer step) divided
+    over the train.grad_accum forwards of the step. None: an even split (or auto, unresolved)."""
+    gpu0_bsz, batch, accum = cfg.balanced_dp.gpu0_bsz, cfg.train.batch_size, cfg.train.grad_accum
+    if gpu0_bsz is None or gpu0_bsz == gpu0_autotune.AUTO:
+        return None
+    if gpu0_bsz > batch:
+        raise UserError(
+            f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected at most "
+            f"train.batch_size ({batch}): it is GPU 0's share of each batch"
+        )
+    if gpu0_bsz % accum:
+        raise UserError(
+            f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected a multiple of "
+            f"train.grad_accum ({accum}): GPU 0's share of each batch is split "
+            f"evenly over the step's {accum} forwards"
+        )
+    return gpu0_bsz // accum
+
+
 def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
-    gpu0_bsz = cfg.balanced_dp.gpu0_bsz
+    gpu0_bsz = gpu0_per_forward(cfg)
     n_gpus = len(ctx.gpus)
     device_ids = list(range(n_gpus))
-    micro = cfg.train.batch_size // cfg.train.grad_accum
+    accum = cfg.train.grad_accum
+    micro = cfg.train.batch_size // accum
     auto_notes: list[str] = []
-    if gpu0_bsz == gpu0_autotune.AUTO:  # measured here, once, on a copy of the model
+    chosen = {}
+    if cfg.balanced_dp.gpu0_bsz == gpu0_autotune.AUTO:  # measured once, on a model copy
         gpu0_bsz, auto_notes = gpu0_autotune.resolve_gpu0_bsz(
             model,
             micro,
@@ -61,14 +80,17 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
             ctx.on_cuda,
             wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
             autocast=build_precision(cfg.train.precision, ctx.device).autocast,
+            accum=accum,
         )
+        chosen = {"balanced_dp.gpu0_bsz_chosen": None if gpu0_bsz is None else gpu0_bsz * accum}
     balanced = BalancedDataParallel(model, gpu0_bsz, device_ids=device_ids)
     split = balanced_split(micro, max(n_gpus, 1), gpu0_bsz)
     devices = device_names(ctx)
     notes = [split_note(NAME, micro, split, devices), *auto_notes]
+    if (note := batchnorm_note(NAME, split)) is not None:
+        notes.append(note)
     if len(devices) == 1 and gpu0_bsz is not None:
-        notes.append(f"balanced_dp.gpu0_bsz={gpu0_bsz} has no effect on one device")
-    chosen = {"balanced_dp.gpu0_bsz_chosen": gpu0_bsz} if auto_notes else {}
+        notes.append(f"balanced_dp.gpu0_bsz={cfg.balanced_dp.gpu0_bsz} has no effect on one device")
     return Parallel(
         module=model,
         forward=balanced,
@@ -82,7 +104,7 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
     )
 
 
-class BalancedDataParallel(nn.DataParallel):
+class BalancedDataParallel(AutocastDataParallel):
     """nn.DataParallel whose first device gets `gpu0_bsz` samples per forward (None: even).
 
     Devices that get no samples get no chunk and run no replica. Without CUDA or with one GPU
@@ -118,7 +140,7 @@ class BalancedDataParallel(nn.DataParallel):
         # replicate to devices 0..last used and keep the replicas of those that got samples.
         every_replica = self.replicate(self.module, self.device_ids[: positions[-1] + 1])
         replicas = [every_replica[p] for p in positions]
-        outputs = parallel_apply(replicas, device_inputs, device_kwargs, devices)
+        outputs = parallel_apply(keep_autocast(replicas), device_inputs, device_kwargs, devices)
         # the module's mode, not the wrapper's: the training loop switches the model itself
         if positions[0] != 0 and self.module.training:
             adopt_buffers(self.module, replicas[0])

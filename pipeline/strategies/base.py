@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from pipeline.config import Config
@@ -69,11 +70,26 @@ class Parallel:
     params: dict = field(default_factory=dict)
     # whether torch.compile may replay the forward/backward as CUDA graphs (reduce-overhead)
     cuda_graphs: bool = True
+    # called on every rank before each evaluation: ranks whose BatchNorm buffers drifted
+    # apart take the writer's, so the reported test accuracy is that of the saved model
+    before_eval: Callable[[], None] = lambda: None
 
     def state_dict(self) -> dict:
         if self.full_state_dict is not None:
             return self.full_state_dict()
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+
+def writer_buffers(model: nn.Module, writer_rank: int = 0) -> Callable[[], None]:
+    """A `before_eval` that gives every rank the writer's buffers (BatchNorm's running
+    statistics), for data-parallel ranks without synchronised BatchNorm: each normalised its
+    own shard, so their statistics differ, and only the writer's are saved in model.pt."""
+
+    def share() -> None:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=writer_rank)
+
+    return share
 
 
 def gpu_count_or_nproc(n_gpus: int, cpu_nproc: int) -> int:

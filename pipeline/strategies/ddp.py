@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipeline.config import Config
 from pipeline.errors import UserError
-from pipeline.strategies.base import Parallel, gpu_count_or_nproc
+from pipeline.strategies.base import Parallel, gpu_count_or_nproc, writer_buffers
 from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
 from pipeline.training.context import DistContext
 
@@ -56,4 +56,5 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
         batch_split=[per_rank] * ctx.world_size,
         reduce_grads_if=reduce_grads_if,
         full_state_dict=lambda: {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        before_eval=(lambda: None) if cfg.ddp.sync_bn else writer_buffers(model),
     )

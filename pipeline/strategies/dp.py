@@ -1,10 +1,15 @@
 """`dp`: nn.DataParallel, one process driving every GPU in `devices`.
 
 Each forward scatters the micro-batch over cuda:0..n-1 in torch.chunk pieces (see
-pipeline.splits.dp_split), runs a replica per piece and gathers the logits on cuda:0, where
+batch_split.dp_split), runs a replica per piece and gathers the logits on cuda:0, where
 the loop computes the loss: the model returns logits, never a per-device scalar loss, so the
 mean is exact for unequal chunks and DataParallel has no scalars to gather. Gradients from the
 replicas are summed into the one model on cuda:0.
+
+Each replica runs in its own thread, in the autocast dtype the run asked for
+(replica_autocast.py: torch's threads would fall back to fp16). BatchNorm normalises each
+chunk on its own device and only cuda:0's replica keeps its running statistics; the notes
+say so, with the chunk sizes, wherever the batch is split.
 
 Without CUDA, DataParallel simply calls the model, so on the CPU this is `single` with a
 wrapper; the run records that in `notes`.
@@ -19,6 +24,7 @@ from torch import nn
 from pipeline.config import Config
 from pipeline.strategies.base import Parallel
 from pipeline.strategies.batch_split import dp_split
+from pipeline.strategies.replica_autocast import AutocastDataParallel
 from pipeline.training.context import DistContext
 
 NAME = "dp"
@@ -30,7 +36,7 @@ def nproc(cfg: Config, n_gpus: int) -> int:
 
 def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
     n_gpus = len(ctx.gpus)
-    data_parallel = nn.DataParallel(model, device_ids=list(range(n_gpus)))
+    data_parallel = AutocastDataParallel(model, device_ids=list(range(n_gpus)))
     micro = cfg.train.batch_size // cfg.train.grad_accum
     split = dp_split(micro, max(n_gpus, 1))
     devices = device_names(ctx)
@@ -44,7 +50,11 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
         writer=True,
         devices=devices,
         batch_split=split,
-        notes=[split_note(NAME, micro, split, devices)],
+        notes=[
+            note
+            for note in (split_note(NAME, micro, split, devices), batchnorm_note(NAME, split))
+            if note
+        ],
     )
 
 
@@ -64,3 +74,16 @@ def split_note(name: str, micro: int, split: list[int], devices: list[str]) -> s
     if idle:
         note += f"; no samples on {', '.join(idle)}"
     return note
+
+
+def batchnorm_note(name: str, split: list[int]) -> str | None:
+    """What DataParallel does to BatchNorm when a batch is split (None when it is not)."""
+    if len(split) < 2:
+        return None
+    kept = split[0] if split[0] > 0 else next(size for size in split if size > 0)
+    return (
+        f"{name}: BatchNorm normalises each device's chunk ({'+'.join(map(str, split))}) "
+        f"on its own, and only one replica's running statistics are kept: evaluation "
+        f"uses statistics gathered from {kept} sample(s) per forward, not from the whole "
+        f"batch as in single"
+    )

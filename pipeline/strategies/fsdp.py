@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from pipeline.config import Config
-from pipeline.strategies.base import Parallel, gpu_count_or_nproc
+from pipeline.strategies.base import Parallel, gpu_count_or_nproc, writer_buffers
 from pipeline.strategies.ddp import check_divisible
 from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
 from pipeline.training.context import DistContext
@@ -97,6 +97,7 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
         reduce_grads_if=reduce_grads_if,
         full_state_dict=full_state_dict,
         notes=notes,
+        before_eval=(lambda: None) if cfg.fsdp.sync_bn else writer_buffers(model),
         # measured on an H100 (torch 2.11): with its per-block all-gather/free
         # hooks between graphs, reduce-overhead ran 24 s/epoch, 27x single's
         cuda_graphs=False,

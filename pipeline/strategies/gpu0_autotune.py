@@ -194,8 +194,11 @@ def resolve_gpu0_bsz(
     on_cuda: bool,
     wrap: Callable[[nn.Module, int], nn.Module],
     autocast: Callable[[], ContextManager],
+    accum: int = 1,
 ) -> tuple[Optional[int], list[str]]:
-    """`auto` -> (gpu0_bsz, notes). Profiles only with two or more GPUs."""
+    """`auto` -> (GPU 0's samples per forward, notes). Profiles only with two or more GPUs.
+    The notes give the choice as balanced_dp.gpu0_bsz means it: per optimizer step, i.e.
+    times the `accum` forwards of a step."""
     if not on_cuda or n_gpus < 2:
         where = "on the CPU" if not on_cuda else "on one GPU"
         return None, [
@@ -207,9 +210,10 @@ def resolve_gpu0_bsz(
     measurements = measure(model, wrap, micro, devices, options, autocast)
     torch.cuda.empty_cache()  # what the profiling held is free again
     choice, why = choose_gpu0_bsz(measurements)
-    shown = "null" if choice is None else str(choice)
+    shown = "null" if choice is None else str(choice * accum)
+    per_forward = "" if accum == 1 or choice is None else f" ({choice} per forward)"
     return choice, [
-        f"{CHOSEN_KEY}={shown}: balanced_dp.gpu0_bsz=auto picked it from "
-        f"{', '.join(map(str, options))} for the micro-batch of {micro}: {why}",
+        f"{CHOSEN_KEY}={shown}{per_forward}: balanced_dp.gpu0_bsz=auto picked it from "
+        f"{', '.join(map(str, options))} per forward, for the micro-batch of {micro}: {why}",
         f"balanced_dp.gpu0_bsz=auto measurements: {evidence(measurements)}",
     ]

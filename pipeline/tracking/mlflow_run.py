@@ -1,17 +1,23 @@
 """MLflow logging that never loses anything: local first, then published, idempotently.
 
-The writing process keeps the truth on disk (checkpoints/<strategy>/run.json for the run's
-identity, params and tags; the per-epoch history in the checkpoint record and results/) and
-`Tracker.publish` pushes whatever MLflow does not have yet: it creates the run if needed,
-logs params, the epochs MLflow lacks (checked against the server, so a restarted job never
-logs an epoch twice), artifacts and the final status. Per epoch it runs on a background
-thread (`publish_soon`); the end of the stage waits for it. If the tracking server is down,
-training goes on, a warning says what is pending, and the next push (every epoch, at the end
-of the stage, or `python -m pipeline.publish`) delivers it. Non-writing ranks get
-`NullTracker`.
+The writing process keeps the truth on disk: checkpoints/<strategy>/run.json holds the run's
+identity, params, tags, the status MLflow should show and the store (tracking URI) the run
+lives in; the per-epoch history lives in the checkpoint record and results/. `publish_run`
+pushes whatever MLflow does not have yet: it creates the run if needed (pointed at another
+store, it creates it there with everything kept on disk), logs params and tags, the epochs
+MLflow lacks (checked against the server, so a restarted job never logs an epoch twice, each
+stamped with the time the epoch ended), artifacts, and the status. Per epoch it runs on a
+background thread (`Tracker.publish_soon`); the end of the stage waits for it. If the
+tracking server is down, training goes on, a warning says what is pending, and the next push
+(every epoch, at the end of the stage, or `python -m pipeline.publish`) delivers it.
+Non-writing ranks get `NullTracker`.
 
-Tracking URI: MLFLOW_TRACKING_URI, else the embedded store `sqlite:///mlflow.db` at the
-repository root (the directory DVC runs stages in).
+Status: RUNNING while a stage trains (again RUNNING when a stopped run resumes), then
+FINISHED, FAILED (an error; the launcher marks a run whose workers died without a word) or
+KILLED (SIGTERM: the run checkpointed and `dvc repro` resumes it).
+
+MLflow itself is imported inside the functions that talk to it: it takes about a second to
+import, and only the writing rank ever needs it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pipeline.tracking.system_metrics import publish_final_sample, system_metric
 # Fail fast while the server is away (MLflow's default retries for minutes); we retry at the
 # next epoch instead, so training never waits on the network for long.
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
 
 
 class NullTracker:
@@ -45,8 +52,7 @@ class NullTracker:
         self,
         history: list[EpochRow],
         artifacts: Sequence[Path] = (),
-        finished: bool = False,
-        status: str = "FINISHED",
+        status: Optional[str] = None,
         wait_s: float = 0.0,
     ) -> bool:
         return True
@@ -63,7 +69,29 @@ class NullTracker:
         pass
 
 
+def new_record(
+    fingerprint: str, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, Any]
+) -> dict[str, Any]:
+    """run.json of a run not yet created in MLflow."""
+    return {
+        "fingerprint": fingerprint,
+        "run_id": None,
+        "tracking_uri": None,
+        "experiment": experiment,
+        "run_name": run_name,
+        "tags": tags,
+        "params": {k: param_text(v) for k, v in params.items()},
+        "params_logged": False,
+        "epochs_logged": [],
+        "artifacts_logged": [],
+        "status": RUNNING,
+        "status_logged": None,
+    }
+
+
 class Tracker:
+    """The writer's side of one strategy's MLflow run."""
+
     def __init__(
         self,
         record_path: Path,
@@ -76,22 +104,12 @@ class Tracker:
         for key, value in HTTP_ENV.items():
             os.environ.setdefault(key, value)
         self.record_path = record_path
-        record = self._read()
+        record = read_record(record_path)
         if record.get("fingerprint") != fingerprint:  # a new run (not a resumed one)
-            record = {
-                "fingerprint": fingerprint,
-                "run_id": None,
-                "experiment": experiment,
-                "run_name": run_name,
-                "tags": tags,
-                "params": {k: param_text(v) for k, v in params.items()},
-                "params_logged": False,
-                "artifacts_logged": [],
-                "status": None,
-            }
+            record = new_record(fingerprint, experiment, run_name, tags, params)
+        record["status"] = RUNNING  # a resumed run that had failed or was stopped runs again
         self.record = record
         self._write()
-        self._warned = False
         self._monitor = None
         self._background: threading.Thread | None = None
 
@@ -99,15 +117,8 @@ class Tracker:
     def run_id(self) -> str | None:
         return self.record["run_id"]
 
-    def _read(self) -> dict:
-        try:
-            return json.loads(self.record_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
     def _write(self) -> None:
-        self.record_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.record_path, json.dumps(self.record, indent=1))
+        write_record(self.record_path, self.record)
 
     def publish_soon(self, history: list[EpochRow]) -> None:
         """`publish` on a background thread, so the next epoch does not wait for MLflow (tens
@@ -125,43 +136,38 @@ class Tracker:
         self,
         history: list[EpochRow],
         artifacts: Sequence[Path] = (),
-        finished: bool = False,
-        status: str = "FINISHED",
+        status: Optional[str] = None,
         wait_s: float = 0.0,
     ) -> bool:
-        """Push what MLflow lacks. True when nothing is pending; never raises on an outage.
-        With wait_s, keep retrying that long first (a tracking server that is restarting
-        gets a grace period at the end of a stage). Waits for a background push first."""
+        """Push what MLflow lacks, and `status` if given. True when nothing is pending; never
+        raises on an outage. With wait_s, keep retrying that long first (a tracking server
+        that is restarting gets a grace period at the end of a stage). Waits for a
+        background push first."""
         if self._background is not None:
             self._background.join()
             self._background = None
-        return self._publish(history, artifacts, finished, status, wait_s)
+        if status is not None:
+            self.record["status"] = status
+            self._write()
+        return self._publish(history, artifacts, wait_s)
 
     def _publish(
-        self,
-        history: list[EpochRow],
-        artifacts: Sequence[Path] = (),
-        finished: bool = False,
-        status: str = "FINISHED",
-        wait_s: float = 0.0,
+        self, history: list[EpochRow], artifacts: Sequence[Path] = (), wait_s: float = 0.0
     ) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                publish_run(self.record, history, artifacts, finished, status, save=self._write)
+                publish_run(self.record, history, artifacts, save=self._write)
                 return True
             except Exception as err:  # noqa: BLE001 - any failure of the server is an outage
                 failure = first_line(err)
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-        pending = len(history) - len(self.record.get("epochs_logged", []))
         print(
-            f"warning: MLflow at {tracking_uri()} unreachable ({failure}); "
-            f"kept locally, pending: {max(pending, 0)} epoch(s)"
-            f"{', artifacts' if artifacts else ''}{', final status' if finished else ''}; "
-            "retrying at the next epoch, at the end of the stage, or run "
-            "`python -m pipeline.publish`",
+            f"warning: MLflow at {tracking_uri()} unreachable ({failure}); kept locally, "
+            f"pending: {pending(self.record, history, artifacts)}; retrying at the next "
+            "epoch, at the end of the stage, or run `python -m pipeline.publish`",
             file=sys.stderr,
             flush=True,
         )
@@ -193,19 +199,47 @@ class Tracker:
             self._monitor = None
 
 
+def read_record(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(record, indent=1))
+
+
+def pending(record: dict[str, Any], history: list[EpochRow], artifacts: Sequence[Path]) -> str:
+    """What MLflow still lacks, in words."""
+    epochs = len({r.epoch for r in history} - set(record.get("epochs_logged", [])))
+    parts = [f"{epochs} epoch(s)"]
+    if set(map(str, artifacts)) - set(record.get("artifacts_logged", [])):
+        parts.append("artifacts")
+    if record.get("status") != record.get("status_logged"):
+        parts.append(f"status {record.get('status')}")
+    return ", ".join(parts)
+
+
 def publish_run(
-    record: dict,
-    history: list[EpochRow],
-    artifacts: Sequence[Path],
-    finished: bool,
-    status: str,
-    save,
+    record: dict[str, Any], history: list[EpochRow], artifacts: Sequence[Path], save
 ) -> None:
     """Push what MLflow lacks of this run, idempotently (also `python -m pipeline.publish`)."""
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri())
+    if record.get("tracking_uri") not in (None, tracking_uri()):
+        # The run lives in another store: create it here, with everything kept on disk.
+        record.update(
+            run_id=None,
+            tracking_uri=None,
+            params_logged=False,
+            epochs_logged=[],
+            artifacts_logged=[],
+            status_logged=None,
+        )
     if record["run_id"] is None:
         experiment = client.get_experiment_by_name(record["experiment"])
         experiment_id = (
@@ -214,7 +248,7 @@ def publish_run(
             else client.create_experiment(record["experiment"])
         )
         run = client.create_run(experiment_id, run_name=record["run_name"], tags=record["tags"])
-        record["run_id"] = run.info.run_id
+        record.update(run_id=run.info.run_id, tracking_uri=tracking_uri(), status_logged=RUNNING)
         save()
     run_id = record["run_id"]
     if not record["params_logged"]:
@@ -228,15 +262,20 @@ def publish_run(
     for row in history:
         if row.epoch in logged:
             continue
-        stamp = int(time.time() * 1000)
-        metrics = [Metric(k, v, stamp, row.epoch) for k, v in row.metrics().items()]
-        client.log_batch(run_id, metrics=metrics)
-    record["epochs_logged"] = sorted(r.epoch for r in history)
+        stamp = int((row.ended_at or time.time()) * 1000)  # when the epoch ended
+        client.log_batch(
+            run_id, metrics=[Metric(k, v, stamp, row.epoch) for k, v in row.metrics().items()]
+        )
+    record["epochs_logged"] = sorted(logged | {r.epoch for r in history})
     for path in artifacts:
         if str(path) not in record["artifacts_logged"]:
             client.log_artifact(run_id, str(path))
             record["artifacts_logged"].append(str(path))
-    if finished and record.get("status") != status:
-        client.set_terminated(run_id, status)
-        record["status"] = status
+    status = record.get("status") or RUNNING
+    if status != record.get("status_logged"):
+        if status == RUNNING:
+            client.update_run(run_id, status=RUNNING)
+        else:
+            client.set_terminated(run_id, status)
+        record["status_logged"] = status
     save()

@@ -1,40 +1,70 @@
 """Pushing to MLflow what the train stages kept locally while the tracking server was away.
 
-Each writer keeps its run's identity, params and tags in checkpoints/<strategy>/run.json and
-its per-epoch history in the checkpoint record (latest.json); `publish_strategy` hands them
+Each writer keeps its run's identity, params, tags and status in checkpoints/<strategy>/run.json
+and its per-epoch history in the checkpoint record (latest.json); `publish_strategy` hands them
 to the same idempotent push the stage uses: it creates a missing run, logs the epochs MLflow
-lacks (never twice), uploads the artifacts and sets the final status.
+lacks (never twice), uploads the artifacts and sets the status. The three files must belong
+to the same run (the same fingerprint): anything else is refused, never mixed.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Optional
 
-from pipeline.files import atomic_write
-from pipeline.results import ARTIFACTS, METRICS, RESULTS, EpochRow
-from pipeline.tracking.mlflow_run import publish_run
-from pipeline.training.checkpoint import ROOT as CHECKPOINTS
+from pipeline.errors import UserError
+from pipeline.results import (
+    ARTIFACTS,
+    CHECKPOINT_RECORD,
+    CHECKPOINTS,
+    METRICS,
+    RESULTS,
+    RUN_RECORD,
+    EpochRow,
+    read_summary,
+)
+from pipeline.tracking.mlflow_run import FINISHED, RUNNING, publish_run, read_record, write_record
+from pipeline.tracking.store import tracking_uri
 
 
-def publish_strategy(name: str) -> str:
-    """Push one strategy's local record; a one-line account of what MLflow now holds."""
-    record_path = CHECKPOINTS / name / "run.json"
-    latest_path = CHECKPOINTS / name / "latest.json"
-    if not record_path.exists():
+def publish_strategy(name: str, unfinished_status: Optional[str] = None) -> str:
+    """Push one strategy's local record; a one-line account of what MLflow now holds.
+    `unfinished_status` (FAILED, KILLED): the status a run still marked RUNNING gets, for a
+    launcher whose workers died before they could say so."""
+    record_path = CHECKPOINTS / name / RUN_RECORD
+    latest_path = CHECKPOINTS / name / CHECKPOINT_RECORD
+    record = read_record(record_path)
+    if not record:
         return f"{name}: nothing recorded locally (not trained yet)"
-    record = json.loads(record_path.read_text())
-    history = (
-        [EpochRow.from_record(r) for r in json.loads(latest_path.read_text())["history"]]
-        if latest_path.exists()
-        else []
+    key = record["fingerprint"]
+    latest = json.loads(latest_path.read_text()) if latest_path.exists() else None
+    if latest is not None and latest.get("fingerprint") != key:
+        raise UserError(
+            f"{latest_path}: its epochs belong to run {latest.get('fingerprint')}, "
+            f"{record_path} to run {key}; not published (run the train stage "
+            f"again to settle {name})"
+        )
+    history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
+    summary = read_summary(name) if (RESULTS / name / METRICS).exists() else None
+    finished = summary is not None and summary.fingerprint == key
+    artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
+    if finished:
+        record["status"] = FINISHED
+    elif unfinished_status is not None and record.get("status") == RUNNING:
+        record["status"] = unfinished_status
+    publish_run(record, history, artifacts, save=lambda: write_record(record_path, record))
+    stale = (
+        f"; results/{name} belong to another run and were left out"
+        if summary is not None and not finished
+        else ""
     )
-    out = RESULTS / name
-    finished = (out / METRICS).exists()
-    artifacts = [out / a for a in ARTIFACTS if (out / a).exists()] if finished else []
+    return f"{name}: run {record['run_id']} has {len(history)} epoch(s), {record['status']}{stale}"
 
-    def save() -> None:
-        atomic_write(record_path, json.dumps(record, indent=1))
 
-    publish_run(record, history, artifacts, finished, "FINISHED", save)
-    state = "finished" if finished else "in progress"
-    return f"{name}: run {record['run_id']} has {len(history)} epoch(s), {state}"
+def current_run_id(name: str, fingerprint: str | None) -> str | None:
+    """The MLflow run, in the store MLflow is pointed at now, that holds this run of the
+    strategy (the one whose results carry `fingerprint`); None when it is not there yet."""
+    record = read_record(CHECKPOINTS / name / RUN_RECORD)
+    if record.get("fingerprint") == fingerprint and record.get("tracking_uri") == tracking_uri():
+        return record.get("run_id")
+    return None

@@ -4,7 +4,7 @@ Layout, under checkpoints/<strategy>/:
     rank<r>-e<epoch>-s<step>.pt   this rank's state: its model shard/stage/replica, optimizer,
                                   scheduler and scaler state, RNG states, partial epoch totals
     latest.json                   the commit record: which (epoch, step) is complete, the
-                                  config fingerprint and world size
+                                  run's identity (identity.py) and its fingerprint
 
 Every rank writes its own file (write, then rename), a barrier makes sure all of them are on
 disk, and only then does the writer replace latest.json (again write-then-rename) and delete
@@ -15,12 +15,11 @@ uninterrupted one.
 
 Sharded parameters (FSDP's DTensors) are saved as their local shards and copied back into the
 live DTensors, so files load with `torch.load(weights_only=True)` and need no resharding (a
-resume uses the same world size: the fingerprint includes it).
+resume uses the same world size: the identity includes it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,37 +29,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from pipeline.config import Config, flatten
 from pipeline.errors import UserError
 from pipeline.files import atomic_write
-
-ROOT = Path("checkpoints")
+from pipeline.results import CHECKPOINT_RECORD
 
 
 @dataclass(frozen=True)
 class Position:
     epoch: int  # 0-based epoch to continue in
     step: int  # first optimizer step of that epoch still to run
-
-
-def fingerprint(cfg: Config, strategy: str, world_size: int) -> str:
-    """What a checkpoint must agree on to be resumed: everything that shapes the trajectory.
-    Where the data came from, which GPUs (not how many), MLflow and reporting settings don't."""
-    ignored = (
-        "strategies",
-        "devices",
-        "data.mirrors",
-        "data.md5",
-        "mlflow.",
-        "report.",
-        "checkpoint.",
-        "dist.",
-    )
-    shaping = {k: v for k, v in flatten(cfg).items() if not k.startswith(ignored)}
-    text = json.dumps(
-        {**shaping, "strategy": strategy, "world_size": world_size}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _local(value: Any) -> Any:
@@ -124,7 +101,7 @@ class Checkpointer:
 
     @property
     def record_path(self) -> Path:
-        return self.directory / "latest.json"
+        return self.directory / CHECKPOINT_RECORD
 
     def _file(self, pos: Position, rank: int | None = None) -> Path:
         rank = self.rank if rank is None else rank
@@ -145,6 +122,11 @@ class Checkpointer:
         if record.get("fingerprint") != self.key and not any_config:
             return None
         return Position(record["epoch"], record["step"]), record
+
+    def other_run(self) -> dict | None:
+        """The committed record when it belongs to another run (another identity)."""
+        found = self.latest(any_config=True)
+        return None if found is None or found[1].get("fingerprint") == self.key else found[1]
 
     @classmethod
     def foreign(cls, directory: Path, rank: int, world_size: int) -> Checkpointer:

@@ -19,6 +19,8 @@ class DistContext:
     local_rank: int  # rank on this node: picks this process's GPU
     world_size: int  # processes in the job
     gpus: tuple[str, ...]  # physical ids of the GPUs the run uses, in cuda:i order; () = CPU
+    node: int = 0  # this node's index in a multi-node job (torchrun's GROUP_RANK)
+    nodes: int = 1  # nodes in the job (torchrun's GROUP_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -58,6 +60,8 @@ class DistContext:
         return cls(
             rank=int(source.get("RANK", 0)),
             local_rank=int(source.get("LOCAL_RANK", 0)),
+            node=int(source.get("GROUP_RANK", 0)),
+            nodes=int(source.get("GROUP_WORLD_SIZE", 1)),
             world_size=int(source.get("WORLD_SIZE", 1)),
             gpus=gpus,
         )

@@ -21,10 +21,11 @@ from pathlib import Path
 from pipeline import strategies
 from pipeline.config import load_config
 from pipeline.data.fashion_mnist import DATA_DIR, TENSORS
-from pipeline.errors import USER_ERROR_EXIT, UserError
-from pipeline.results import RESULTS
+from pipeline.errors import USER_ERROR_EXIT, UserError, first_line
+from pipeline.results import CHECKPOINTS, RESULTS
+from pipeline.tracking.mlflow_run import FAILED, KILLED
+from pipeline.tracking.publish import publish_strategy
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
-from pipeline.training.checkpoint import ROOT as CHECKPOINTS
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.devices import choose_devices
 from pipeline.training.faults import ENV as FAULT_ENV
@@ -39,6 +40,7 @@ from pipeline.training.topology import (
 )
 
 ERROR_FILE_ENV = "PARALLEL_LAB_ERROR_FILE"  # where a worker leaves its one-line user error
+SIGTERM_EXIT = 128 + signal.SIGTERM  # a worker's exit code after a SIGTERM checkpoint
 
 
 def under_torchrun(env) -> bool:
@@ -105,6 +107,8 @@ def launch(name: str, overrides: list[str]) -> int:
         print(f"launch[{name}]: {nproc} process(es) on {where}: {shlex.join(cmd[1:])}", flush=True)
         code = run_forwarding_signals(cmd, env, Path(error_file.name))
         user_error = Path(error_file.name).read_text().strip()
+    if code != 0:
+        settle_run(name, KILLED if code == SIGTERM_EXIT else FAILED)
     if code != 0 and user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
@@ -113,6 +117,20 @@ def launch(name: str, overrides: list[str]) -> int:
         at = (found[0].epoch, found[0].step) if found else None
         print(f"error: {lost_node_hint(name, code, topology, at)}", file=sys.stderr, flush=True)
     return code
+
+
+def settle_run(name: str, status: str) -> None:
+    """Workers that die without a word (SIGKILL, out of memory, a lost node) leave their
+    MLflow run RUNNING: record how it ended, and push it. Best effort: MLflow may be away too,
+    and `python -m pipeline.publish` delivers it later."""
+    try:
+        publish_strategy(name, unfinished_status=status)
+    except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
+        print(
+            f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> int:

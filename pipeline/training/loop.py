@@ -122,6 +122,7 @@ def evaluate(
     device: torch.device,
 ) -> torch.Tensor:
     """[loss_sum, correct, count] over this rank's share of the whole test set."""
+    par.before_eval()
     par.module.eval()
     batch = par.eval_batch_size or cfg.train.eval_batch_size
     forward, pipelined = par.forward, par.pipeline_step

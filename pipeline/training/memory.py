@@ -6,8 +6,10 @@ extra devices live in the one process. On the CPU the figure is the peak residen
 each process instead (VmHWM, which /proc/self/clear_refs resets), labelled as such.
 
 Labels name the physical device, so runs on different GPUs of one machine never mix:
-cuda:j -> "gpu" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu5"); on the CPU
-"cpu" + rank. Everything but `reset_peaks`/`read_peaks` is pure, so it is tested without GPUs.
+cuda:j -> "gpu" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu5"), and in a job of
+several nodes the node too ("node1.gpu5"); on the CPU "cpu" + global rank. The imbalance is
+taken over every device of the job. Everything but `reset_peaks`/`read_peaks` is pure, so
+it is tested without GPUs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 @dataclass(frozen=True)
 class DevicePeak:
-    label: str  # "gpu3" (physical GPU id) or "cpu0" (rank of a CPU process)
+    # "gpu3" (physical GPU id; "node1.gpu3" in a multi-node job) or "cpu0" (global rank of a
+    # CPU process)
+    label: str
     allocated_mib: float  # peak allocated by tensors; on the CPU the peak RSS of the process
     reserved_mib: Optional[float]  # peak held by the CUDA caching allocator; None on the CPU
 
@@ -39,9 +43,12 @@ class DevicePeak:
         return "cpu" if self.reserved_mib is None else "gpu"
 
 
-def physical_label(device: str, gpus: tuple[str, ...]) -> str:
-    """ "cuda:1" with gpus ("3", "5") -> "gpu5": the renumbered index back to the physical id."""
-    return f"gpu{gpus[torch.device(device).index or 0]}"
+def physical_label(device: str, gpus: tuple[str, ...], node: int = 0, nodes: int = 1) -> str:
+    """ "cuda:1" with gpus ("3", "5") -> "gpu5": the renumbered index back to the physical id;
+    in a job of several nodes, prefixed by the node ("node1.gpu5"), since every node has a
+    GPU 5 of its own."""
+    label = f"gpu{gpus[torch.device(device).index or 0]}"
+    return f"node{node}.{label}" if nodes > 1 else label
 
 
 def local_devices(run_devices: list[str], ctx: DistContext) -> list[torch.device]:
@@ -69,7 +76,7 @@ def read_peaks(devices: list[torch.device], ctx: DistContext) -> list[DevicePeak
     if devices:
         return [
             DevicePeak(
-                physical_label(str(d), ctx.gpus),
+                physical_label(str(d), ctx.gpus, ctx.node, ctx.nodes),
                 torch.cuda.max_memory_allocated(d) / MIB,
                 torch.cuda.max_memory_reserved(d) / MIB,
             )
@@ -147,7 +154,9 @@ def epoch_metrics(peaks: list[DevicePeak]) -> dict[str, float]:
     return out
 
 
-METRIC = re.compile(r"^(?P<label>(gpu|cpu)[^/]+)/peak_(?P<what>allocated|reserved|rss)_mib$")
+METRIC = re.compile(
+    r"^(?P<label>(node\d+\.)?(gpu|cpu)[^/]+)/peak_(?P<what>allocated|reserved|rss)_mib$"
+)
 
 
 def run_summary(epochs: list[dict[str, float]]) -> dict:

@@ -19,11 +19,13 @@ import torch
 from pipeline import strategies
 from pipeline.config import Config, effective_lr, flatten, to_yaml
 from pipeline.data.device_data import steps_per_epoch, to_device
-from pipeline.data.fashion_mnist import load_tensors
+from pipeline.data.fashion_mnist import DATA_DIR, TENSORS, load_tensors
 from pipeline.errors import UserError
 from pipeline.results import (
     ARTIFACTS,
+    CHECKPOINTS,
     RESULTS,
+    RUN_RECORD,
     EpochRow,
     RunSummary,
     steady_seconds,
@@ -31,15 +33,13 @@ from pipeline.results import (
     write_results,
 )
 from pipeline.strategies.base import Parallel
-from pipeline.tracking.mlflow_run import NullTracker, Tracker
+from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
 from pipeline.training import memory
 from pipeline.training.build import Training, build_training
-from pipeline.training.checkpoint import ROOT as CHECKPOINTS
 from pipeline.training.checkpoint import (
     Checkpointer,
     Position,
-    fingerprint,
     load_model_state,
     load_optimizer_state,
     rng_state,
@@ -47,6 +47,7 @@ from pipeline.training.checkpoint import (
 )
 from pipeline.training.context import DistContext
 from pipeline.training.faults import fault_from_env
+from pipeline.training.identity import RunIdentity, run_identity
 from pipeline.training.loop import (
     StopRequest,
     evaluate,
@@ -84,9 +85,10 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
     training = build_training(cfg, strategies.get(strategy_name), ctx, data)
     par, prec, loader, optimizer, loss_fn = training
 
-    key = fingerprint(cfg, strategy_name, ctx.world_size)
+    identity = run_identity(cfg, strategy_name, ctx.world_size, DATA_DIR / TENSORS)
+    key = identity.key
     ckpt = Checkpointer(CHECKPOINTS / strategy_name, ctx.rank, ctx.world_size, par.writer, key)
-    progress = resume(cfg, ckpt, training, ctx, strategy_name)
+    progress = resume(cfg, ckpt, training, ctx, strategy_name, identity)
     out_dir = RESULTS / strategy_name
     tracker = open_tracker(cfg, strategy_name, ctx, par, key, progress.history)
 
@@ -98,7 +100,11 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
             "train_totals": progress.totals,
             "grad_scaler": prec.scaler.state_dict() if prec.scaler is not None else None,
         }
-        record = {"history": [r.to_record() for r in progress.history], "run_id": tracker.run_id}
+        record = {
+            "history": [r.to_record() for r in progress.history],
+            "run_id": tracker.run_id,
+            "identity": identity.to_record(),
+        }
 
         def written() -> None:  # this rank's file is on disk, the commit still pending
             if fault is not None:
@@ -140,7 +146,8 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
                         f"step {stopped_at}; `dvc repro` resumes from there",
                         flush=True,
                     )
-                tracker.publish(history)
+                tracker.publish(history, status=KILLED)
+                ok = True
                 return None
             wait_for_device(device)
             seconds = time.perf_counter() - t0
@@ -159,9 +166,10 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
                     test_loss,
                     test_acc,
                     seconds,
-                    n_train / seconds,
-                    time.perf_counter() - start,
-                    memory.epoch_metrics(peaks),
+                    samples_per_s=n_train / seconds,
+                    wall_seconds=time.perf_counter() - start,
+                    ended_at=time.time(),
+                    memory=memory.epoch_metrics(peaks),
                 )
             )
             if cfg.checkpoint.every_epochs and (
@@ -181,29 +189,34 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
         state = par.state_dict()  # a collective for sharded/split models: every rank calls it
         summary = summarize(history, strategy_name, ctx, par, n_train)
         if par.writer:
-            summary.mlflow_run_id = tracker.run_id
+            summary.mlflow_run_id, summary.fingerprint = tracker.run_id, key
             out_dir.mkdir(parents=True, exist_ok=True)
             write_results(out_dir, state, history, summary, to_yaml(cfg))
             tracker.publish(
                 history,
                 [out_dir / name for name in ARTIFACTS],
-                finished=True,
+                status=FINISHED,
                 wait_s=cfg.mlflow.final_sync_wait_s,
             )
         ok = True
         return summary
     finally:
         tracker.stop_system_metrics()
-        if not ok:  # whatever epochs finished still reach MLflow
-            tracker.publish(history)
+        if not ok:  # an error: whatever epochs finished still reach MLflow
+            tracker.publish(history, status=FAILED)
 
 
 def resume(
-    cfg: Config, ckpt: Checkpointer, training: Training, ctx: DistContext, strategy_name: str
+    cfg: Config,
+    ckpt: Checkpointer,
+    training: Training,
+    ctx: DistContext,
+    strategy_name: str,
+    identity: RunIdentity,
 ) -> Progress:
-    """Restore the last committed checkpoint of this configuration (or of
+    """Restore the last committed checkpoint of this run's identity (or of
     checkpoint.resume_from) into the model, optimizer, RNGs and scaler; a fresh start
-    when there is none."""
+    when there is none, saying why a checkpoint there was not this run's."""
     par, prec, _, optimizer, _ = training
     device = ctx.device
     progress = Progress(Position(0, 0), [], torch.zeros(3, device=device, dtype=torch.float64))
@@ -212,6 +225,13 @@ def resume(
         source = Checkpointer.foreign(Path(cfg.checkpoint.resume_from), ctx.rank, ctx.world_size)
         found = source.latest()
     if found is None:
+        other = ckpt.other_run()
+        if other is not None and par.writer:
+            print(
+                f"train[{strategy_name}]: not resuming {ckpt.directory}: "
+                f"{identity.difference(other.get('identity'))}; training from scratch",
+                flush=True,
+            )
         return progress
     position, record = found
     state = source.load(position)
@@ -264,7 +284,7 @@ def open_tracker(
         **par.params,
     }
     tracker = Tracker(
-        CHECKPOINTS / strategy_name / "run.json",
+        CHECKPOINTS / strategy_name / RUN_RECORD,
         cfg.mlflow.experiment,
         strategy_name,
         tags,

@@ -7,7 +7,6 @@ RANK, LOCAL_RANK, WORLD_SIZE, the visible GPUs) and is passed down explicitly.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -17,10 +16,8 @@ import torch.distributed as dist
 from pipeline.config import load_config
 from pipeline.errors import USER_ERROR_EXIT, UserError
 from pipeline.training.context import DistContext
-from pipeline.training.launcher import ERROR_FILE_ENV
+from pipeline.training.launcher import ERROR_FILE_ENV, SIGTERM_EXIT
 from pipeline.training.session import run
-
-SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 def main(strategy: str, overrides: list[str]) -> None:

@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import REPO, Mirror, make_project, tiny_params, write_raw
+from support import REPO, Mirror, free_port, make_project, tiny_params, write_raw
 
 BUILD = REPO / "docker" / "standins" / "build.py"
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -187,12 +186,6 @@ def image_size(tag: str) -> int:
             check=True,
         ).stdout
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_env(path: Path, **values: str) -> Path:
@@ -382,7 +375,7 @@ def mlflow_runs(url: str, experiment: str) -> dict[str, dict]:
 def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
     from pipeline import strategies
 
-    names = strategies.NAMES
+    names = list(strategies.NAMES)
     assert {"single", "ddp"} <= set(names)
     if request.node.callspec.params["compose"] == "v1":
         # The second implementation runs the same files through the same steps; one

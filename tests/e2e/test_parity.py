@@ -174,4 +174,5 @@ def test_pipeline_stages_beyond_blocks_exit_2(fetched_template):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0  # one line, no traceback
-    assert proc.stderr.startswith("error: pipeline.stages: got 7") and "at most 6" in proc.stderr
+    assert proc.stderr.startswith("error: pipeline_parallel.stages: got 7")
+    assert "at most 6" in proc.stderr

@@ -5,18 +5,23 @@ bitwise identical to an uninterrupted one: same final weights, same metrics.
 """
 
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from support import Background, dvc, make_project, run, tiny_params, wait_for
+from support import (
+    Background,
+    MlflowServer,
+    dvc,
+    free_port,
+    make_project,
+    run,
+    tiny_params,
+    wait_for,
+)
 
 TINY = {
     "model": {"width": 4},
@@ -196,58 +201,6 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
 
 
 # --- MLflow outages --------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """A real `mlflow server` process on 127.0.0.1 with a sqlite store."""
-
-    def __init__(self, root, port: int):
-        self.root, self.port, self.proc = root, port, None
-        self.uri = f"http://127.0.0.1:{port}"
-
-    def start(self):
-        mlflow = shutil.which("mlflow", path=os.path.dirname(sys.executable))
-        self.proc = subprocess.Popen(
-            [
-                mlflow,
-                "server",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--backend-store-uri",
-                f"sqlite:///{self.root / 'server.db'}",
-                "--artifacts-destination",
-                str(self.root / "artifacts"),
-                "--workers",
-                "1",
-            ],
-            cwd=self.root,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_for(self.healthy, 90, "mlflow server")
-
-    def healthy(self) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture

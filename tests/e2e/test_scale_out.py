@@ -9,7 +9,6 @@ enough) and killed at the end, whatever happened.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from support import dvc, make_project, project_env, run, tiny_params, wait_for
+from support import dvc, free_port, make_project, project_env, run, tiny_params, wait_for
 
 NODE_MARKER = "PARALLEL_LAB_TEST_NODE"  # in the environment of everything a test node starts
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def latest(project: Path) -> dict | None:

@@ -7,6 +7,7 @@ end with exactly the weights of `single`.
 """
 
 import copy
+import threading
 from collections import namedtuple
 
 import pytest
@@ -22,6 +23,7 @@ from pipeline.strategies.balanced_dp import (
     first_tensor,
     split_inputs,
 )
+from pipeline.strategies.replica_autocast import InAutocast, keep_autocast
 from pipeline.training.context import DistContext
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
@@ -41,15 +43,36 @@ def config(batch_size=32, grad_accum=2, gpu0_bsz=None) -> Config:
     return cfg
 
 
-@pytest.mark.parametrize("gpu0_bsz", [None, 0, 16])
-def test_nproc_is_one_process_for_any_gpu0_bsz_within_the_micro_batch(gpu0_bsz):
+@pytest.mark.parametrize("gpu0_bsz", [None, 0, 16, 32, "auto"])
+def test_nproc_is_one_process_for_any_gpu0_bsz_within_the_batch(gpu0_bsz):
     assert balanced_dp.nproc(config(gpu0_bsz=gpu0_bsz), n_gpus=4) == 1
     assert dp.nproc(config(), n_gpus=4) == 1
 
 
-def test_nproc_refuses_gpu0_bsz_above_the_micro_batch():
-    with pytest.raises(UserError, match=r"^balanced_dp\.gpu0_bsz: got 17, .*= 16$"):
-        balanced_dp.nproc(config(gpu0_bsz=17), n_gpus=4)
+def test_nproc_refuses_gpu0_bsz_above_the_batch():
+    with pytest.raises(
+        UserError, match=r"^balanced_dp\.gpu0_bsz: got 34, .*train\.batch_size \(32\)"
+    ):
+        balanced_dp.nproc(config(gpu0_bsz=34), n_gpus=4)
+
+
+def test_nproc_refuses_gpu0_bsz_the_steps_forwards_cannot_share():
+    with pytest.raises(
+        UserError, match=r"^balanced_dp\.gpu0_bsz: got 5, .*train\.grad_accum \(2\)"
+    ):
+        balanced_dp.nproc(config(gpu0_bsz=5), n_gpus=4)
+
+
+def test_gpu0_bsz_is_gpu0s_share_per_optimizer_step_as_in_the_notes():
+    """The notes' example: batch 16, gpu0_bsz 4, acc_grad 2 on 3 GPUs gives every forward 2+3+3
+    (BalancedDataParallel(gpu0_bsz // acc_grad, ...)); with acc_grad 1, batch 8, gpu0_bsz 2:
+    2+3+3 as well."""
+    three_gpus = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0", "1", "2"))
+    cfg = config(batch_size=16, grad_accum=2, gpu0_bsz=4)
+    par = balanced_dp.parallelize(nn.Linear(3, 2), cfg, three_gpus)
+    assert par.batch_split == [2, 3, 3] and par.forward.gpu0_bsz == 2
+    par = balanced_dp.parallelize(nn.Linear(3, 2), config(8, 1, gpu0_bsz=2), three_gpus)
+    assert par.batch_split == [2, 3, 3]
 
 
 @pytest.mark.parametrize("strategy", [dp, balanced_dp])
@@ -68,11 +91,18 @@ def test_parallelize_reports_the_split_of_a_three_gpu_context():
     devices = ["cuda:0", "cuda:1", "cuda:2"]
     par = dp.parallelize(nn.Linear(3, 2), config(batch_size=20), three_gpus)
     assert par.devices == devices and par.batch_split == [4, 4, 2]
-    assert par.notes == ["dp: each micro-batch of 10 is split 4+4+2 over cuda:0, cuda:1, cuda:2"]
-    par = balanced_dp.parallelize(nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=2), three_gpus)
+    assert par.notes[0] == "dp: each micro-batch of 10 is split 4+4+2 over cuda:0, cuda:1, cuda:2"
+    par = balanced_dp.parallelize(nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=4), three_gpus)
     assert par.devices == devices and par.batch_split == [2, 3, 3]
+    # what people compare sees that BatchNorm's statistics come from GPU 0's 2 samples
+    (note,) = [n for n in par.notes if "BatchNorm" in n]
+    assert "2+3+3" in note and "from 2 sample(s) per forward" in note
     par = balanced_dp.parallelize(nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=0), three_gpus)
     assert par.batch_split == [0, 4, 4] and par.notes[0].endswith("; no samples on cuda:0")
+    assert any("from 4 sample(s) per forward" in n for n in par.notes)
+    # unsplit, BatchNorm sees the whole batch: nothing to say
+    par = dp.parallelize(nn.Linear(3, 2), config(batch_size=20), CPU)
+    assert not any("BatchNorm" in n for n in par.notes)
 
 
 def test_balanced_forward_takes_keyword_inputs():
@@ -149,7 +179,8 @@ class CpuStandIns:
         assert len(replicas) == len(inputs) == len(kwargs) == len(devices)
         outputs = []
         for replica, args, kw, device in zip(replicas, inputs, kwargs, devices):
-            assert replica.device == device, "each chunk runs on its own device's replica"
+            assert isinstance(replica, InAutocast), "replicas keep the caller's autocast dtype"
+            assert replica.module.device == device, "each chunk runs on its own device's replica"
             self.applied.append((device, len(args[0])))
             outputs.append(replica(*args, **kw))
         return outputs
@@ -194,3 +225,32 @@ def test_adopt_buffers_copies_every_buffer():
     adopt_buffers(module, replica)
     assert all(torch.equal(a, b) for a, b in zip(module.buffers(), replica.buffers()))
     assert module.num_batches_tracked.item() == 1
+
+
+def autocast_dtype_in_a_thread(model: nn.Module) -> torch.dtype:
+    """What torch.nn.parallel.parallel_apply does in each replica's thread: re-enter autocast
+    with enabled= only, run the replica; the dtype the replica computed in comes back."""
+    seen = {}
+
+    def replica_thread(enabled: bool) -> None:
+        with torch.amp.autocast("cpu", enabled=enabled):
+            seen["dtype"] = model(torch.randn(2, 3)).dtype
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        # parallel_apply reads `enabled` in the calling thread and hands it to the workers
+        thread = threading.Thread(target=replica_thread, args=(torch.is_autocast_enabled("cpu"),))
+        thread.start()
+        thread.join()
+    return seen["dtype"]
+
+
+def test_replica_threads_lose_the_autocast_dtype_unless_kept():
+    """The autocast dtype is thread-local: a thread that re-enters autocast without one takes
+    the device's default (bfloat16 on the CPU, float16 on CUDA), not the caller's float16.
+    keep_autocast wraps each replica to re-enter the caller's dtype."""
+    model = nn.Linear(3, 2)
+    assert autocast_dtype_in_a_thread(model) == torch.bfloat16  # the bug, reproduced
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        (kept,) = keep_autocast([model], device_type="cpu")
+    assert autocast_dtype_in_a_thread(kept) == torch.float16

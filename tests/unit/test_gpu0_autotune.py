@@ -227,7 +227,7 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
     )
     assert par.notes[1].startswith(
         f"{CHOSEN_KEY}=1: balanced_dp.gpu0_bsz=auto picked it "
-        "from 6, 4, 3, 1, 0 for the micro-batch of 16"
+        "from 6, 4, 3, 1, 0 per forward, for the micro-batch of 16"
     )
     assert par.notes[2].startswith("balanced_dp.gpu0_bsz=auto measurements: 6: 1006 samples/s")
 

@@ -20,12 +20,23 @@ PACKAGE = REPO / "pipeline"
 DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
 STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports as it runs
     "fetch": ("pipeline.fetch", []),
-    "train": ("pipeline.train", ["pipeline.training.launcher", "pipeline.training.worker",
-                                 *(f"pipeline.strategies.{name}" for name in strategies.NAMES)]),
+    "train": (
+        "pipeline.train",
+        [
+            "pipeline.training.launcher",
+            "pipeline.training.worker",
+            *(f"pipeline.strategies.{name}" for name in strategies.NAMES),
+        ],
+    ),
     "compare": ("pipeline.compare", []),
 }
-COMMANDS = ["pipeline.fetch", "pipeline.train", "pipeline.compare", "pipeline.publish",
-            "pipeline.compare_experiments"]
+COMMANDS = [
+    "pipeline.fetch",
+    "pipeline.train",
+    "pipeline.compare",
+    "pipeline.publish",
+    "pipeline.compare_experiments",
+]
 
 
 def module_name(path: Path) -> str:
@@ -47,11 +58,19 @@ def project_imports(path: Path) -> tuple[set[str], list[str]]:
     """(modules of the project imported when the module is, those imported inside functions).
     Imports under `if TYPE_CHECKING:` never run, so they count as neither."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in tree.body if isinstance(block, ast.If)
-                   and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
+    typing_only = {
+        id(n)
+        for block in tree.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
     top = {name for node in tree.body for name in imported(node)}
-    nested = [name for node in ast.walk(tree) if id(node) not in typing_only
-              and node not in tree.body for name in imported(node)]
+    nested = [
+        name
+        for node in ast.walk(tree)
+        if id(node) not in typing_only and node not in tree.body
+        for name in imported(node)
+    ]
     return top, nested
 
 
@@ -89,8 +108,11 @@ def test_no_project_module_is_imported_inside_a_function():
     are fine). The commands may import their work after parsing the command line, so that
     `--help` and usage errors answer without loading torch."""
     commands = {PACKAGE / f"{c.split('.')[1]}.py" for c in COMMANDS}
-    hidden = {str(path.relative_to(REPO)): nested for path in PACKAGE.rglob("*.py")
-              if path not in commands and (nested := project_imports(path)[1])}
+    hidden = {
+        str(path.relative_to(REPO)): nested
+        for path in PACKAGE.rglob("*.py")
+        if path not in commands and (nested := project_imports(path)[1])
+    }
     assert hidden == {}
 
 
@@ -101,20 +123,26 @@ def stage_deps(stage: str) -> set[str]:
         path = REPO / dep
         if not dep.startswith("pipeline"):
             continue  # data and results
-        files |= ({str(p.relative_to(REPO)) for p in path.rglob("*.py")} if path.is_dir()
-                  else {dep})
+        files |= {str(p.relative_to(REPO)) for p in path.rglob("*.py")} if path.is_dir() else {dep}
     return files
 
 
 def imported_files(entry: str, extra: list[str]) -> set[str]:
-    code = ("import importlib, json, sys\n"
-            f"for name in {[entry, *extra]!r}:\n"
-            "    importlib.import_module(name)\n"
-            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-            "    if (n == 'pipeline' or n.startswith('pipeline.')) and m.__file__)))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True, env={"PYTHONPATH": str(REPO),
-                                                     "PATH": "/usr/bin:/bin"}).stdout
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {[entry, *extra]!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
+        "    if (n == 'pipeline' or n.startswith('pipeline.')) and m.__file__)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    ).stdout
     return {str(Path(f).relative_to(REPO)) for f in json.loads(out)}
 
 
@@ -145,8 +173,13 @@ def test_strategy_names_live_in_the_registry():
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
-    proc = subprocess.run([sys.executable, "-m", command, "--help"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", command, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m {command}")
     assert len(proc.stdout.splitlines()) > 5  # what it does, not only the usage line

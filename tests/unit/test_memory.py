@@ -129,3 +129,26 @@ def test_provenance_on_a_machine_without_gpus(monkeypatch):
     assert all(isinstance(v, str) and v for v in tags.values())
     assert len(tags["params_sha256"]) == 64
     assert gpu_tags(()) == {"gpu_names": "none (CPU)"} and gpu_uuids(()) == {}
+
+
+def test_devices_of_several_nodes_keep_their_node():
+    """Every node has a GPU 0: labels carry the node, so two nodes' GPU 0 are two devices and
+    the imbalance is over all four GPUs of a 2 x 2 job."""
+    assert memory.physical_label("cuda:1", ("0", "1"), node=1, nodes=2) == "node1.gpu1"
+    assert memory.physical_label("cuda:1", ("0", "1")) == "gpu1"  # one node: as before
+    per_rank = [
+        [DevicePeak(f"node{n}.gpu{g}", 100.0 * (1 + n + g), 200.0)] for n in (0, 1) for g in (0, 1)
+    ]
+    merged = memory.merge_peaks(per_rank)
+    assert [p.label for p in merged] == ["node0.gpu0", "node0.gpu1", "node1.gpu0", "node1.gpu1"]
+    assert [p.allocated_mib for p in merged] == [100.0, 200.0, 200.0, 300.0]
+    metrics = memory.epoch_metrics(merged)
+    assert metrics["node1.gpu0/peak_allocated_mib"] == 200.0
+    assert metrics["mem_imbalance"] == pytest.approx(300.0 / 200.0)
+    summary = memory.run_summary([metrics])
+    assert set(summary["peak_memory_mib"]) == {
+        "node0.gpu0",
+        "node0.gpu1",
+        "node1.gpu0",
+        "node1.gpu1",
+    }

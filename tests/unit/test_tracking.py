@@ -1,4 +1,5 @@
-"""The MLflow tracker against a real (SQLite) store: background syncs, system metrics."""
+"""The MLflow tracker against real (SQLite) stores: background pushes, statuses, timestamps,
+moving to another store, system metrics, and the comparison parent run."""
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -15,7 +16,7 @@ def tracker(tmp_path, monkeypatch):
     return tracker
 
 
-def epoch(n: int) -> EpochRow:
+def epoch(n: int, ended_at: float = 0.0) -> EpochRow:
     return EpochRow(
         n,
         train_loss=1.0 / n,
@@ -25,6 +26,7 @@ def epoch(n: int) -> EpochRow:
         epoch_seconds=1.0,
         samples_per_s=100.0,
         wall_seconds=float(n),
+        ended_at=ended_at,
     )
 
 
@@ -33,7 +35,7 @@ def test_background_syncs_then_the_final_one_deliver_every_epoch_once(tracker):
     for n in (1, 2, 3):
         history.append(epoch(n))
         tracker.publish_soon(history)  # returns at once; a push still running is left alone
-    assert tracker.publish(history, finished=True)  # waits for the background push first
+    assert tracker.publish(history, status="FINISHED")  # waits for the background push first
     client = MlflowClient()
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
@@ -45,7 +47,62 @@ def test_a_run_shorter_than_the_sampling_interval_still_gets_system_metrics(trac
     # MLflow publishes only whole sampling windows; the tracker logs the open one at the end
     tracker.start_system_metrics(60.0, gpu_uuids=None, resume=False)
     tracker.stop_system_metrics()
-    tracker.publish([], finished=True)
+    tracker.publish([], status="FINISHED")
     run = MlflowClient().get_run(tracker.run_id)
     assert "system/cpu_utilization_percentage" in run.data.metrics
     assert 0 <= run.data.metrics["system/cpu_utilization_percentage"] <= 100
+
+
+def test_statuses_follow_the_stage_and_a_resumed_run_runs_again(tracker, tmp_path):
+    client = MlflowClient()
+    assert client.get_run(tracker.run_id).info.status == "RUNNING"
+    tracker.publish([epoch(1)], status="KILLED")  # SIGTERM: checkpointed, to be resumed
+    assert client.get_run(tracker.run_id).info.status == "KILLED"
+    resumed = Tracker(tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f")
+    resumed.publish([epoch(1)])
+    assert resumed.run_id == tracker.run_id
+    assert client.get_run(tracker.run_id).info.status == "RUNNING"
+    resumed.publish([epoch(1), epoch(2)], status="FINISHED")
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_epochs_are_stamped_when_they_ended_not_when_they_were_pushed(tracker):
+    ended = [1_700_000_000.0, 1_700_000_123.5]  # an outage in between: pushed together later
+    tracker.publish([epoch(1, ended[0]), epoch(2, ended[1])])
+    history = MlflowClient().get_metric_history(tracker.run_id, "test_acc")
+    assert [m.timestamp for m in history] == [int(t * 1000) for t in ended]
+
+
+def test_another_store_gets_the_whole_run_from_disk(tracker, tmp_path, monkeypatch):
+    history = [epoch(1), epoch(2)]
+    tracker.publish(history, status="FINISHED")
+    first = tracker.run_id
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    tracker.publish(history)  # the record names the first store: the run is created here
+    assert tracker.run_id != first and tracker.record["tracking_uri"] == other
+    run = MlflowClient(tracking_uri=other).get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
+    steps = [m.step for m in MlflowClient(other).get_metric_history(tracker.run_id, "test_acc")]
+    assert steps == [1, 2]
+
+
+def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
+    from pipeline.tracking.comparison import close_comparison, open_comparison
+
+    client = MlflowClient()
+    children = [tracker.run_id]
+    parents = [open_comparison("tests", children, {}, {}) for _ in range(2)]
+    assert parents[0] == parents[1]
+    close_comparison(parents[0], {tracker.run_id: {"speedup_vs_single": 1.0}}, [])
+    # a new run of the strategy: a new comparison, and the old parent, now empty, goes
+    newer = Tracker(tmp_path / "run2.json", "tests", "run", {}, {"lr": 0.2}, fingerprint="g")
+    newer.publish([])
+    parent = open_comparison("tests", [newer.run_id], {}, {})
+    close_comparison(parent, {newer.run_id: {"speedup_vs_single": 1.0}}, [])
+    close_comparison(parent, {tracker.run_id: {"speedup_vs_single": 1.0}}, [])
+    experiment = client.get_experiment_by_name("tests").experiment_id
+    left = [
+        r.info.run_id for r in client.search_runs([experiment]) if r.info.run_name == "comparison"
+    ]
+    assert left == [parent]

@@ -1,0 +1,140 @@
+"""A run's identity: what a checkpoint (and the MLflow run it feeds) must agree on to be
+resumed. Everything that shapes the trajectory, and nothing else:
+
+    params      the params that change what is computed (not where the data came from, which
+                GPUs, MLflow, reporting, checkpointing or launch settings)
+    strategy    and its world size (checkpoints hold per-rank shards)
+    code        the source of every module of the data, training and strategy code this run
+                imported, as a syntax tree: comments, docstrings and formatting do not count
+    data        the SHA-256 of the training tensors the fetch stage wrote
+
+A checkpoint whose identity differs is not resumed; `difference` says in one line why.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config, flatten
+
+NOT_SHAPING = (
+    "strategies",
+    "devices",
+    "data.mirrors",
+    "data.md5",
+    "mlflow.",
+    "report.",
+    "checkpoint.",
+    "dist.",
+)
+# the modules whose code shapes what a run computes (the launcher, tracking and reporting
+# code do not)
+TRAJECTORY_CODE = (
+    "pipeline.config",
+    "pipeline.data.",
+    "pipeline.training.",
+    "pipeline.strategies.",
+)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    params: dict[str, Any]
+    strategy: str
+    world_size: int
+    code: dict[str, str]  # module file (relative to the package's parent) -> digest
+    data: str
+
+    @property
+    def key(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def to_record(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+    def difference(self, record: dict[str, Any] | None) -> str:
+        """Why a checkpoint with this recorded identity is not this run's, in a few words."""
+        if not record:
+            return "it was written before runs recorded their identity"
+        mine = self.to_record()
+        if record.get("strategy") != mine["strategy"]:
+            return f"it belongs to strategy {record.get('strategy')!r}"
+        if record.get("world_size") != mine["world_size"]:
+            return (
+                f"it was written by {record.get('world_size')} process(es), this run has "
+                f"{mine['world_size']}"
+            )
+        changed = _changed(record.get("params", {}), mine["params"])
+        if changed:
+            return (
+                "its params differ ("
+                + ", ".join(
+                    f"{k}: {record.get('params', {}).get(k)!r} -> {mine['params'].get(k)!r}"
+                    for k in changed[:3]
+                )
+                + ")"
+            )
+        changed = _changed(record.get("code", {}), mine["code"])
+        if changed:
+            return f"its code differs ({', '.join(changed[:3])})"
+        if record.get("data") != mine["data"]:
+            return "its training data differs"
+        return "its identity differs"
+
+
+def _changed(old: dict, new: dict) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def run_identity(cfg: Config, strategy: str, world_size: int, data_file: Path) -> RunIdentity:
+    params = {k: v for k, v in flatten(cfg).items() if not k.startswith(NOT_SHAPING)}
+    return RunIdentity(
+        json.loads(json.dumps(params, default=str)),
+        strategy,
+        world_size,
+        code_digests(),
+        file_digest(data_file),
+    )
+
+
+def code_digests() -> dict[str, str]:
+    """Digests of the trajectory-shaping modules this process has imported. Imports of the
+    project's own modules all happen at module level (tests/unit/test_layout.py), so by the
+    time a run has built its strategy, every module it will run is here."""
+    out = {}
+    for name, module in sorted(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and (name + ".").startswith(TRAJECTORY_CODE):
+            depth = len(name.split(".")) - (Path(path).name != "__init__.py")
+            root = Path(path).parents[depth]  # the directory that holds the package
+            out[str(Path(path).relative_to(root))] = source_digest(Path(path))
+    return out
+
+
+def source_digest(path: Path) -> str:
+    """SHA-256 of the module's syntax tree without docstrings: a change to a comment, a
+    docstring or the layout of the code leaves it unchanged, a change to the code does not."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            body[0] = ast.Pass()
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:16]
