@@ -1,9 +1,9 @@
-# parallel-lab: one entry point.  make run | make test | make test-fast | make lint | make ui
+# parallel-lab: one entry point.  make quick | make run | make ui | make test | make lint
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install run test test-fast lint ui lock clean
+.PHONY: install quick run test test-fast lint ui lock clean
 
 install: $(VENV)/.installed
 
@@ -15,8 +15,12 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-run: install  ## the whole pipeline: fetch -> train every strategy -> compare
+quick: install  ## a first result in minutes on any machine: params.yaml's `quick` settings
+	$(PY) -m pipeline.quickstart
+
+run: install  ## the full experiment: fetch -> train every strategy -> compare, then MLflow
 	dvc repro
+	$(PY) -m pipeline.publish
 
 test: install  ## every test, as CI runs it (CPU; see README "Tests" for what it needs)
 	$(PY) -m pytest

@@ -142,8 +142,11 @@ class BalancedDpConfig:
 
 @dataclass
 class PipelineParallelConfig:
-    # Pipeline stages, one per process (and per GPU on GPUs).
+    # Pipeline stages: one per process (and per GPU on GPUs); all of them in one process on a
+    # machine with one GPU, or on the CPU with nproc 1 (a looped schedule, no overlap).
     stages: int = field(default=2, metadata=_min(2))
+    # Processes on the CPU: null = one per stage; 1 = every stage in one process.
+    nproc: Optional[int] = field(default=None, metadata=_min(1))
     # Micro-batches each (micro-)batch is split into inside the schedule.
     microbatches: int = field(default=4, metadata=_min(1))
     schedule: str = field(default="gpipe", metadata={"choices": ("gpipe", "1f1b")})
@@ -227,6 +230,9 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    # `make quick` (python -m pipeline.quickstart): key=value overrides for a first result in
+    # minutes on any machine. Not a stage's param: dvc repro runs the full experiment.
+    quick: list[str] = field(default_factory=list)
 
 
 def load_config(path: str | Path = "params.yaml", overrides: Sequence[str] = ()) -> Config:

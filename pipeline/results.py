@@ -91,21 +91,17 @@ class RunSummary:
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share")
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    mlflow_run_id: Optional[str] = None
-    fingerprint: Optional[str] = None  # the run's identity (pipeline/training/identity.py)
+    # The run's identity (pipeline/training/identity.py). Its MLflow run is found through it:
+    # checkpoints/<strategy>/run.json maps it to the store and run id that hold it now, and
+    # the run carries it as the tag `parallel_lab_fingerprint`.
+    fingerprint: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
-        last = ("memory", "notes", "mlflow_run_id", "fingerprint")
+        last = ("memory", "notes", "fingerprint")
         out = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in last
         }
-        return {
-            **out,
-            **self.memory,
-            "notes": self.notes,
-            "mlflow_run_id": self.mlflow_run_id,
-            "fingerprint": self.fingerprint,
-        }
+        return {**out, **self.memory, "notes": self.notes, "fingerprint": self.fingerprint}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSummary:

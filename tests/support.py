@@ -124,9 +124,10 @@ def make_project(dest: Path, params: dict) -> Path:
     return dest
 
 
-def project_env(project: Path, **extra: str) -> dict[str, str]:
+def project_env(project: Path, **extra: str | None) -> dict[str, str]:
     """Environment for stage processes: the project copy's code first, its own MLflow store,
-    no GPUs (CI has none; hiding them keeps runs identical on a GPU machine)."""
+    no GPUs (CI has none; hiding them keeps runs identical on a GPU machine). An `extra`
+    value of None removes the variable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PARALLEL_LAB_"))}
     env.update(
         PYTHONPATH=str(project),
@@ -139,8 +140,8 @@ def project_env(project: Path, **extra: str) -> dict[str, str]:
         GIT_COMMITTER_NAME="t",
         GIT_COMMITTER_EMAIL="t@t",
     )
-    env.update(extra)
-    return env
+    env.update({k: v for k, v in extra.items() if v is not None})
+    return {k: v for k, v in env.items() if extra.get(k, "") is not None}
 
 
 def run(

@@ -39,7 +39,8 @@ REPORT_FILES = ("index.html", "summary.md", "summary.json", "accuracy.csv", *PLO
 
 
 def compare(cfg: Config) -> str:
-    """Write reports/ and group the runs in MLflow; returns the table as markdown."""
+    """Write reports/ and group the runs in MLflow; returns the table as markdown and the
+    MLflow page that shows the runs side by side."""
     target = cfg.report.target_accuracy
     results = [read_summary(name) for name in cfg.strategies]
     histories = {name: read_history(name) for name in cfg.strategies}
@@ -48,7 +49,7 @@ def compare(cfg: Config) -> str:
     for row, result in zip(rows, results):  # the runs as the store MLflow points at holds them
         row["mlflow_run_id"] = current_run_id(result.strategy, result.fingerprint)
     children = [r["mlflow_run_id"] for r in rows if r["mlflow_run_id"]]
-    parent_id = open_comparison(
+    mlflow = open_comparison(
         cfg.mlflow.experiment,
         children,
         {**base_tags(), "dvc_stage": "compare", "strategies": ",".join(cfg.strategies)},
@@ -58,16 +59,21 @@ def compare(cfg: Config) -> str:
     atomic_write(REPORTS / "summary.json", json.dumps(table.summary_json(rows), indent=2) + "\n")
     atomic_write(REPORTS / "accuracy.csv", table.accuracy_wide(histories, list(NAMES)))
     write_plots(rows, histories, target, REPORTS)
-    atomic_write(REPORTS / "summary.md", markdown_page(rows, target, parent_id))
-    atomic_write(REPORTS / "index.html", html_page(rows, target, parent_id, REPORTS))
+    atomic_write(REPORTS / "summary.md", markdown_page(rows, target, mlflow))
+    atomic_write(REPORTS / "index.html", html_page(rows, target, mlflow, REPORTS))
 
-    if parent_id is not None:
+    if mlflow is not None:
         close_comparison(
-            parent_id,
+            mlflow.parent_id,
             {r["mlflow_run_id"]: child_metrics(r) for r in rows if r["mlflow_run_id"]},
             [REPORTS / name for name in REPORT_FILES],
         )
-    return table.markdown_table(rows, target)
+    where = (
+        f"MLflow, these runs side by side: {mlflow.url}"
+        if mlflow is not None
+        else "MLflow was unreachable: the runs are not grouped"
+    )
+    return table.markdown_table(rows, target) + f"\n{where}\n"
 
 
 def child_metrics(row: dict) -> dict[str, float]:

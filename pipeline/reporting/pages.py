@@ -9,20 +9,37 @@ from pathlib import Path
 
 from pipeline.reporting import table
 from pipeline.reporting.plots import PLOTS
+from pipeline.tracking.comparison import Comparison
+
+UNREACHABLE = "not grouped in MLflow: it was unreachable (`python -m pipeline.compare` again later)"
 
 
-def markdown_page(rows: list[dict], target, parent_id: str | None) -> str:
+def markdown_page(rows: list[dict], target, mlflow: Comparison | None) -> str:
+    link = (
+        f"**[Open these {len(mlflow.runs)} runs side by side in MLflow]({mlflow.url})** "
+        f"(parent run `{mlflow.parent_id}`)"
+        if mlflow
+        else UNREACHABLE
+    )
     parts = [
         "# parallel-lab: strategy comparison\n",
+        link + "\n",
         table.markdown_table(rows, target),
-        _legend(rows, target, parent_id) + "\n",
+        _legend(rows, target) + "\n",
     ]
     parts += [f"![{name}]({name})\n" for name in PLOTS]
     parts += ["## Notes\n"] + [f"- {r['strategy']}: {n}" for r in rows for n in r["notes"]]
     return "\n".join(parts) + "\n"
 
 
-def html_page(rows: list[dict], target, parent_id: str | None, directory: Path) -> str:
+def html_page(rows: list[dict], target, mlflow: Comparison | None, directory: Path) -> str:
+    link = (
+        f'<p class="mlflow"><a href="{html.escape(mlflow.url)}">Open these '
+        f"{len(mlflow.runs)} runs side by side in MLflow</a> (parent run "
+        f"<code>{html.escape(mlflow.parent_id)}</code>)</p>"
+        if mlflow
+        else f'<p class="mlflow">{html.escape(UNREACHABLE)}</p>'
+    )
     images = "\n".join(
         f'<img alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode((directory / name).read_bytes()).decode()}">'
@@ -43,17 +60,19 @@ td {{ white-space: nowrap; }}
 th {{ background: #f3f3f3; }} td:first-child, th:first-child {{ text-align: left; }}
 img {{ max-width: 48%; margin: 1em 1% 0 0; border: 1px solid #eee; }}
 p.legend {{ max-width: 70em; font-size: 13px; color: #555; }}
+p.mlflow {{ font-size: 15px; }}
 </style></head><body>
 <h1>parallel-lab: strategy comparison</h1>
+{link}
 {table.html_table(rows, target)}
-<p class="legend">{html.escape(_legend(rows, target, parent_id))}</p>
+<p class="legend">{html.escape(_legend(rows, target))}</p>
 {images}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
 """
 
 
-def _legend(rows: list[dict], target, parent_id: str | None) -> str:
+def _legend(rows: list[dict], target) -> str:
     memory = (
         "peak memory allocated by tensors per GPU (physical id), highest epoch; "
         "max/mean over devices is the imbalance"
@@ -66,5 +85,5 @@ def _legend(rows: list[dict], target, parent_id: str | None) -> str:
         f"apart); speedup and accuracy delta are against {table.BASELINE}; scaling "
         f"efficiency = speedup / devices. Time to target = wall time until test accuracy "
         f"first reached {target if target is not None else '(none set)'}. Memory: "
-        f"{memory}. MLflow parent run: {parent_id or 'none (MLflow unreachable)'}."
+        f"{memory}."
     )

@@ -71,7 +71,7 @@ def comparison_rows(
                 # memory_kind, peak_memory_mib, peak_reserved_mib, mem_imbalance and device 0's
                 # share of the peak memory ("gpu0_share", or "cpu0_share" on the CPU)
                 **r.memory,
-                "mlflow_run_id": r.mlflow_run_id,
+                "mlflow_run_id": None,  # the compare stage looks it up (tracking/publish.py)
                 "notes": r.notes,
             }
         )

@@ -1,11 +1,17 @@
-"""`pipeline_parallel`: model parallelism with torch.distributed.pipelining, one stage per process.
+"""`pipeline_parallel`: model parallelism with torch.distributed.pipelining.
 
 The six blocks of the ResNet (stem, four residual stages, head) are cut into
-`pipeline_parallel.stages` contiguous stages balanced by forward FLOPs; stage i runs on rank i
-(its own GPU on CUDA, a gloo process on the CPU). Each (micro-)step of the shared loop is one
-run of the schedule (GPipe or 1F1B) over `pipeline_parallel.microbatches` pipeline
-micro-batches: the first stage feeds the
-images, the last one holds the labels and the loss, so it is the writer.
+`pipeline_parallel.stages` contiguous stages balanced by forward FLOPs. With one process per
+stage (a GPU each, or gloo processes on the CPU), stage i runs on rank i, and each
+(micro-)step of the shared loop is one run of the schedule (GPipe or 1F1B) over
+`pipeline_parallel.microbatches` pipeline micro-batches: the first stage feeds the images,
+the last one holds the labels and the loss, so it is the writer.
+
+With one process for all stages (one GPU, or `pipeline_parallel.nproc: 1` on the CPU) the
+same stages run in a looped schedule (GPipe's becomes LoopedBFS, 1F1B's Interleaved1F1B) on
+that one device: micro-batches and all, but with no overlap, since every stage waits for the
+one device. The run's notes say so. Evaluation then runs the blocks one after the other (torch
+2.14's multi-stage schedules cannot evaluate), which is the same computation.
 
 Gradients: the schedule's loss is the pipeline micro-batch mean / (microbatches x grad_accum)
 with scale_grads=False, so the accumulated gradient is the mean over the global batch, as in
@@ -29,7 +35,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.config import Config
@@ -48,18 +60,29 @@ IMAGE_SHAPE = (
 
 
 def nproc(cfg: Config, n_gpus: int) -> int:
-    stages, chunks = cfg.pipeline_parallel.stages, cfg.pipeline_parallel.microbatches
+    """One process per stage where there is a GPU per stage (or, on the CPU, by default);
+    one process for all of them on one GPU, or on the CPU with pipeline_parallel.nproc 1."""
+    pp = cfg.pipeline_parallel
+    stages, chunks = pp.stages, pp.microbatches
     if stages > MODEL_BLOCKS:
         raise UserError(
             f"pipeline_parallel.stages: got {stages}, but the model has {MODEL_BLOCKS} blocks "
             f"to split; expected at most {MODEL_BLOCKS}"
         )
-    if n_gpus and stages > n_gpus:
-        raise UserError(
-            f"pipeline_parallel.stages: got {stages}, but only {n_gpus} GPU(s) are available "
-            f"(one stage per GPU); expected at most {n_gpus}"
-            + ("; with one GPU, leave pipeline out of strategies" if n_gpus == 1 else "")
-        )
+    if n_gpus:
+        if 1 < n_gpus < stages:
+            raise UserError(
+                f"pipeline_parallel.stages: got {stages}, but only {n_gpus} GPUs are available; "
+                f"expected at most {n_gpus} (one stage per GPU), or one GPU for all stages"
+            )
+        processes = stages if n_gpus >= stages else 1
+    else:
+        processes = pp.nproc or stages
+        if processes not in (1, stages):
+            raise UserError(
+                f"pipeline_parallel.nproc: got {processes}, expected {stages} (one process per "
+                f"stage) or 1 (every stage in one process)"
+            )
     step_batch = cfg.train.batch_size // cfg.train.grad_accum
     if step_batch % chunks:
         raise UserError(
@@ -67,12 +90,12 @@ def nproc(cfg: Config, n_gpus: int) -> int:
             f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
             f"{cfg.train.grad_accum} = {step_batch}"
         )
-    if cfg.pipeline_parallel.schedule == "1f1b" and chunks < stages:
+    if pp.schedule == "1f1b" and processes > 1 and chunks < stages:
         raise UserError(
             f"pipeline_parallel.microbatches: got {chunks}, schedule 1f1b needs at least "
             f"pipeline_parallel.stages = {stages}"
         )
-    return stages
+    return processes
 
 
 def split_points(costs: Sequence[float], stages: int) -> list[int]:
@@ -114,23 +137,34 @@ def stage_blocks(model: nn.Sequential, first: int, end: int) -> nn.Sequential:
 
 def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
     stages, chunks = cfg.pipeline_parallel.stages, cfg.pipeline_parallel.microbatches
-    if ctx.world_size != stages:  # e.g. several nodes, each started with nproc() processes
+    if ctx.world_size not in (1, stages):  # e.g. several nodes, each started with nproc()
         raise UserError(
             f"pipeline_parallel.stages: got {stages}, but the job has {ctx.world_size} "
-            f"processes; expected one process per stage (one node)"
+            f"processes; expected one process per stage (one node), or one for all stages"
         )
     step_batch = cfg.train.batch_size // cfg.train.grad_accum
     flops = block_flops(model)
     bounds = split_points(flops, stages)
-    blocks = stage_blocks(model, bounds[ctx.rank], bounds[ctx.rank + 1])
-    # Shapes and dtypes between stages are inferred from the first micro-batch (again when
-    # the schedule switches between training and eval; module buffers are restored after).
-    stage = PipelineStage(blocks, ctx.rank, stages, ctx.device)
     loss_scale = chunks * cfg.train.grad_accum
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, labels) / loss_scale
 
+    notes = [
+        f"pipeline_parallel: blocks split at {bounds[1:-1]} by forward FLOPs per image {flops}"
+    ]
+    if chunks > 1:
+        notes.append(
+            f"pipeline_parallel: BatchNorm statistics per pipeline micro-batch of "
+            f"{step_batch // chunks} samples ({chunks} micro-batches), not per "
+            f"batch of {step_batch}: not the same computation as single"
+        )
+    if ctx.world_size == 1:
+        return looped(model, cfg, ctx, bounds, loss_fn, notes, step_batch)
+    blocks = stage_blocks(model, bounds[ctx.rank], bounds[ctx.rank + 1])
+    # Shapes and dtypes between stages are inferred from the first micro-batch (again when
+    # the schedule switches between training and eval; module buffers are restored after).
+    stage = PipelineStage(blocks, ctx.rank, stages, ctx.device)
     schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline_parallel.schedule]
     schedule = schedule_class(stage, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False)
 
@@ -146,13 +180,6 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
         dist.gather_object(mine, parts, dst=stages - 1)  # a collective: every stage sends
         return {k: v for part in parts or () for k, v in part.items()}
 
-    notes = [f"pipeline: blocks split at {bounds[1:-1]} by forward FLOPs per image {flops}"]
-    if chunks > 1:
-        notes.append(
-            f"pipeline: BatchNorm statistics per pipeline micro-batch of "
-            f"{step_batch // chunks} samples ({chunks} micro-batches), not per "
-            f"batch of {step_batch}: not the same computation as single"
-        )
     return Parallel(
         module=blocks,
         forward=None,
@@ -163,6 +190,57 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
         batch_split=[step_batch] * stages,
         pipeline_step=pipeline_step,
         full_state_dict=full_state_dict,
+        notes=notes,
+        eval_batch_size=step_batch,
+    )
+
+
+def looped(
+    model: nn.Sequential,
+    cfg: Config,
+    ctx: DistContext,
+    bounds: list[int],
+    loss_fn,
+    notes: list[str],
+    step_batch: int,
+) -> Parallel:
+    """Every stage in this one process, on its one device, run by a looped schedule."""
+    stages = len(bounds) - 1
+    modules = [
+        nn.Sequential(OrderedDict((str(i), model[i]) for i in range(a, b)))
+        for a, b in zip(bounds, bounds[1:])
+    ]
+    pipeline_stages = [PipelineStage(m, i, stages, ctx.device) for i, m in enumerate(modules)]
+    schedule_class = {"gpipe": ScheduleLoopedBFS, "1f1b": ScheduleInterleaved1F1B}[
+        cfg.pipeline_parallel.schedule
+    ]
+    schedule = schedule_class(
+        pipeline_stages,
+        n_microbatches=cfg.pipeline_parallel.microbatches,
+        loss_fn=loss_fn,
+        scale_grads=False,
+    )
+
+    def pipeline_step(x: torch.Tensor, y: torch.Tensor, training: bool) -> Optional[torch.Tensor]:
+        if training:
+            return schedule.step(x, target=y)
+        return model(x)  # the stages one after the other: what the schedule would compute
+
+    where = f"1 {'GPU' if ctx.on_cuda else 'process'}"
+    notes.append(
+        f"pipeline_parallel: {stages} stages on {where}: no overlap (the looped "
+        f"{schedule_class.__name__} schedule runs with its micro-batches, but one device "
+        f"works on one stage at a time)"
+    )
+    return Parallel(
+        module=model,
+        forward=None,
+        data_rank=0,
+        data_world=1,
+        writer=True,
+        devices=[str(ctx.device)],
+        batch_split=[step_batch],
+        pipeline_step=pipeline_step,
         notes=notes,
         eval_batch_size=step_batch,
     )

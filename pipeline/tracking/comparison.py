@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import first_line
-from pipeline.tracking.store import param_text, tracking_uri
+from pipeline.tracking import store
+from pipeline.tracking.store import compare_runs_url, experiment_id, param_text, tracking_uri
 
 KEY_TAG = "parallel_lab_comparison"  # on the parents compare creates: which runs they group
 
@@ -23,33 +25,43 @@ def comparison_key(children: list[str]) -> str:
     return hashlib.sha256(",".join(sorted(children)).encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's place in MLflow: its parent run and the page with its runs side by
+    side."""
+
+    parent_id: str
+    experiment_id: str
+    runs: list[str]
+
+    @property
+    def url(self) -> str:
+        return compare_runs_url(self.experiment_id, self.runs)
+
+
 def open_comparison(
     experiment: str, children: list[str], tags: dict[str, str], params: dict[str, Any]
-) -> str | None:
+) -> Comparison | None:
     """The parent run for these strategy runs: the one an earlier `compare` made for them,
     or a new one. None if MLflow is away (the report is still written; only the grouping is
     lost)."""
     try:
         from mlflow.entities import Param, RunTag
-        from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=tracking_uri())
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = (
-            found.experiment_id if found is not None else client.create_experiment(experiment)
-        )
+        client = store.client()
         key = comparison_key(children)
-        earlier = client.search_runs([experiment_id], f"tags.{KEY_TAG} = '{key}'", max_results=1)
+        exp_id = experiment_id(client, experiment)
+        earlier = client.search_runs([exp_id], f"tags.{KEY_TAG} = '{key}'", max_results=1)
         if earlier:
             run_id = earlier[0].info.run_id
             client.update_run(run_id, status="RUNNING")
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         else:
             run_id = client.create_run(
-                experiment_id, run_name="comparison", tags={**tags, KEY_TAG: key}
+                exp_id, run_name="comparison", tags={**tags, KEY_TAG: key}
             ).info.run_id
             client.log_batch(run_id, params=[Param(k, param_text(v)) for k, v in params.items()])
-        return run_id
+        return Comparison(run_id, exp_id, list(children))
     except Exception as err:  # noqa: BLE001 - an outage, as in Tracker.publish
         print(
             f"warning: MLflow at {tracking_uri()} unreachable ({first_line(err)}); the "
@@ -69,9 +81,8 @@ def close_comparison(
     import time
 
     from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri())
+    client = store.client()
     stamp = int(time.time() * 1000)
     for run_id, metrics in children.items():
         try:
@@ -101,11 +112,9 @@ def close_comparison(
         )
 
 
-def delete_empty_comparisons(client, experiment_id: str) -> None:
+def delete_empty_comparisons(client, exp_id: str) -> None:
     """Parents compare made whose strategy runs all moved under another comparison."""
-    for parent in client.search_runs([experiment_id], f"tags.{KEY_TAG} LIKE '%'"):
+    for parent in client.search_runs([exp_id], f"tags.{KEY_TAG} LIKE '%'"):
         pid = parent.info.run_id
-        if not client.search_runs(
-            [experiment_id], f"tags.`mlflow.parentRunId` = '{pid}'", max_results=1
-        ):
+        if not client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{pid}'", max_results=1):
             client.delete_run(pid)

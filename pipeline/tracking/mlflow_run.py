@@ -23,7 +23,6 @@ import, and only the writing rank ever needs it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -34,12 +33,10 @@ from typing import Any, Optional
 from pipeline.errors import first_line
 from pipeline.files import atomic_write
 from pipeline.results import EpochRow
-from pipeline.tracking.store import param_text, tracking_uri
+from pipeline.tracking import store
+from pipeline.tracking.store import experiment_id, param_text, tracking_uri
 from pipeline.tracking.system_metrics import publish_final_sample, system_metrics_monitor
 
-# Fail fast while the server is away (MLflow's default retries for minutes); we retry at the
-# next epoch instead, so training never waits on the network for long.
-HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
 
 
@@ -101,8 +98,6 @@ class Tracker:
         params: dict[str, Any],
         fingerprint: str,
     ):
-        for key, value in HTTP_ENV.items():
-            os.environ.setdefault(key, value)
         self.record_path = record_path
         record = read_record(record_path)
         if record.get("fingerprint") != fingerprint:  # a new run (not a resumed one)
@@ -227,9 +222,8 @@ def publish_run(
 ) -> None:
     """Push what MLflow lacks of this run, idempotently (also `python -m pipeline.publish`)."""
     from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri())
+    client = store.client()
     if record.get("tracking_uri") not in (None, tracking_uri()):
         # The run lives in another store: create it here, with everything kept on disk.
         record.update(
@@ -241,13 +235,11 @@ def publish_run(
             status_logged=None,
         )
     if record["run_id"] is None:
-        experiment = client.get_experiment_by_name(record["experiment"])
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else client.create_experiment(record["experiment"])
+        run = client.create_run(
+            experiment_id(client, record["experiment"]),
+            run_name=record["run_name"],
+            tags=record["tags"],
         )
-        run = client.create_run(experiment_id, run_name=record["run_name"], tags=record["tags"])
         record.update(run_id=run.info.run_id, tracking_uri=tracking_uri(), status_logged=RUNNING)
         save()
     run_id = record["run_id"]

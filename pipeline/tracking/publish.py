@@ -23,14 +23,14 @@ from pipeline.results import (
     EpochRow,
     read_summary,
 )
-from pipeline.tracking.mlflow_run import FINISHED, RUNNING, publish_run, read_record, write_record
+from pipeline.tracking.mlflow_run import FINISHED, publish_run, read_record, write_record
 from pipeline.tracking.store import tracking_uri
 
 
-def publish_strategy(name: str, unfinished_status: Optional[str] = None) -> str:
+def publish_strategy(name: str, ended: Optional[str] = None) -> str:
     """Push one strategy's local record; a one-line account of what MLflow now holds.
-    `unfinished_status` (FAILED, KILLED): the status a run still marked RUNNING gets, for a
-    launcher whose workers died before they could say so."""
+    `ended` (FAILED, KILLED): how an unfinished run ended, for a launcher whose workers
+    could not say so themselves."""
     record_path = CHECKPOINTS / name / RUN_RECORD
     latest_path = CHECKPOINTS / name / CHECKPOINT_RECORD
     record = read_record(record_path)
@@ -50,8 +50,8 @@ def publish_strategy(name: str, unfinished_status: Optional[str] = None) -> str:
     artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
     if finished:
         record["status"] = FINISHED
-    elif unfinished_status is not None and record.get("status") == RUNNING:
-        record["status"] = unfinished_status
+    elif ended is not None and record.get("status") != FINISHED:
+        record["status"] = ended
     publish_run(record, history, artifacts, save=lambda: write_record(record_path, record))
     stale = (
         f"; results/{name} belong to another run and were left out"

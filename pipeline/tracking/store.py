@@ -3,14 +3,29 @@ the repository root, the directory DVC runs stages in) and what MLflow accepts t
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from pipeline.errors import UserError
 
+# Fail fast while the server is away (MLflow's default retries for minutes): training retries
+# at the next epoch instead, and a stage never waits on the network for long.
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 KNOWN_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks"}
+
+
+def client():
+    """An MlflowClient for the store MLflow is pointed at, failing fast when it is away.
+    (mlflow is imported here: it takes about a second, and only the processes that talk to
+    MLflow need it.)"""
+    from mlflow.tracking import MlflowClient
+
+    for key, value in HTTP_ENV.items():
+        os.environ.setdefault(key, value)
+    return MlflowClient(tracking_uri=tracking_uri())
 
 
 def tracking_uri() -> str:
@@ -43,3 +58,40 @@ def param_text(value: Any) -> str:
     """A param value as MLflow stores it (at most 6000 characters)."""
     text = str(value)
     return text if len(text) <= 6000 else text[:5997] + "..."
+
+
+# The MLflow UI's kind of experiment: classic training runs. Without it MLflow 3 opens an
+# experiment on its GenAI overview (traces), where these runs do not show.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+UI_URL_ENV = "MLFLOW_UI_URL"  # where a browser reaches the MLflow UI, if not the tracking URI
+DEFAULT_UI_URL = "http://127.0.0.1:5000"  # `make ui` (mlflow ui) on the embedded store
+
+
+def experiment_id(client, name: str) -> str:
+    """The experiment's id, created (as a training experiment) if it does not exist yet."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.tags.get("mlflow.experimentKind") is None:
+            for key, value in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(found.experiment_id, key, value)
+        return found.experiment_id
+    return client.create_experiment(name, tags=EXPERIMENT_KIND)
+
+
+def ui_url() -> str:
+    """The MLflow UI a browser opens: MLFLOW_UI_URL, else an http(s) tracking URI itself,
+    else the `mlflow ui` that serves the embedded store (make ui)."""
+    explicit = os.environ.get(UI_URL_ENV)
+    if explicit:
+        return explicit.rstrip("/")
+    uri = tracking_uri()
+    return uri.rstrip("/") if urlparse(uri).scheme in ("http", "https") else DEFAULT_UI_URL
+
+
+def compare_runs_url(experiment: str, runs: list[str]) -> str:
+    """The MLflow UI page that shows exactly these runs side by side."""
+
+    def ids(values: list[str]) -> str:
+        return quote(json.dumps(values, separators=(",", ":")), safe="[],")
+
+    return f"{ui_url()}/#/compare-runs?runs={ids(runs)}&experiments={ids([experiment])}"

@@ -1,16 +1,25 @@
 """`devices` in params.yaml -> which hardware a run uses.
 
-The spec is `auto` (every visible GPU, or the CPU when there is none), `cpu`, or a list of
+The spec is `auto` (every visible GPU; the CPU when there is none, but never where the host
+has NVIDIA GPUs this torch cannot use: that is an error naming the driver and the CUDA
+version torch needs), `cpu`, or a list of
 GPU indices such as "0" or "0,3". The list decides CPU vs one GPU vs several. Indices count
 the GPUs this process can see, so under an outer CUDA_VISIBLE_DEVICES="2,3,5" the spec "0,2"
 means physical GPUs 2 and 5. The choice is applied as CUDA_VISIBLE_DEVICES for the training
 processes, before CUDA initialises, so inside them the chosen GPUs are cuda:0..n-1.
-Everything here except `visible_gpu_count` is pure, so it is tested without GPUs.
+Everything here but `visible_gpu_count`, `nvidia_host` and `choose_devices` is pure, so it
+is tested without GPUs.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 from pipeline.errors import UserError
 
@@ -60,6 +69,102 @@ def resolve_devices(spec: DeviceSpec, visible: list[str]) -> list[str]:
     return [visible[i] for i in spec.indices]
 
 
+# The oldest Linux driver each CUDA release runs on (NVIDIA's CUDA toolkit release notes,
+# table 3): a build of torch for CUDA X needs at least this driver.
+MIN_DRIVER = {
+    "13.0": (580, 65),
+    "12.9": (575, 51),
+    "12.8": (570, 26),
+    "12.6": (560, 28),
+    "12.4": (550, 54),
+    "12.1": (530, 30),
+    "11.8": (520, 61),
+}
+NO_GPUS = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that ask for no GPU
+
+
+@dataclass(frozen=True)
+class NvidiaHost:
+    """What says NVIDIA GPUs should be usable here, whatever torch sees."""
+
+    device_files: tuple[str, ...] = ()  # /dev/nvidia0, ...
+    nvidia_smi: bool = False  # the tool is installed
+    driver: Optional[str] = None  # e.g. "535.104.05", from nvidia-smi or /proc
+    visible_env: Optional[str] = None  # NVIDIA_VISIBLE_DEVICES (set by CUDA images)
+
+    @property
+    def has_gpus(self) -> bool:
+        wanted = self.visible_env is not None and self.visible_env.strip().lower() not in NO_GPUS
+        return bool(self.device_files) or self.driver is not None or wanted
+
+
+def unusable_gpus(
+    host: NvidiaHost, torch_cuda: Optional[str], cuda_visible: Optional[str], gpus_seen: int
+) -> Optional[str]:
+    """Why `devices: auto` must not quietly train on the CPU here (None: it may): the host
+    has NVIDIA GPUs that this torch cannot use. CUDA_VISIBLE_DEVICES="" hides GPUs on
+    purpose, and then the CPU is what was asked for."""
+    if gpus_seen > 0 or not host.has_gpus or cuda_visible == "":
+        return None
+    found = []
+    if host.device_files:
+        found.append(", ".join(host.device_files))
+    if host.driver:
+        found.append(f"driver {host.driver}")
+    if host.visible_env and not host.device_files:
+        found.append(
+            f"NVIDIA_VISIBLE_DEVICES={host.visible_env} but no /dev/nvidia* (no "
+            "NVIDIA runtime in this container: docker run --gpus all, or compose's "
+            "GPU service)"
+        )
+    if torch_cuda is None:
+        why = "this torch is a CPU-only build"
+    else:
+        need = MIN_DRIVER.get(".".join(torch_cuda.split(".")[:2]))
+        needs = f", which needs driver >= {need[0]}.{need[1]}" if need else ""
+        why = f"this torch is built for CUDA {torch_cuda}{needs}"
+        if host.driver and need and _version(host.driver) < need:
+            why += f"; driver {host.driver} is older"
+    return (
+        f"devices: auto found NVIDIA GPUs ({'; '.join(found)}) but torch sees none: "
+        f"{why}; expected GPUs this torch can use: update the driver, or build the image "
+        f"on a base for your driver (Dockerfile BASE_IMAGE, README 'Older drivers'), or "
+        f"set devices=cpu to train on the CPU on purpose"
+    )
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = [int(p) for p in text.split(".")[:2] if p.isdigit()]
+    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+
+def nvidia_host(env: Mapping[str, str]) -> NvidiaHost:
+    """Read this machine's NVIDIA evidence: device files, nvidia-smi and its driver."""
+    files = tuple(sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*")))
+    smi = shutil.which("nvidia-smi")
+    driver = None
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.split()
+            driver = out[0] if out else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if driver is None:
+        try:
+            match = re.search(
+                r"Kernel Module\s+([\d.]+)", Path("/proc/driver/nvidia/version").read_text()
+            )
+            driver = match.group(1) if match else None
+        except OSError:
+            pass
+    return NvidiaHost(files, smi is not None, driver, env.get("NVIDIA_VISIBLE_DEVICES"))
+
+
 def visible_gpu_count() -> int:
     """GPUs this process can see, without creating a CUDA context (NVML-based count)."""
     import torch
@@ -67,9 +172,19 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_devices(spec_text: str, env_value: str | None) -> list[str]:
-    """`devices` + the inherited CUDA_VISIBLE_DEVICES -> the entries the run will use."""
+def choose_devices(spec_text: str, env: Mapping[str, str]) -> list[str]:
+    """`devices` + this process's environment (CUDA_VISIBLE_DEVICES) -> the entries the run
+    will use. `auto` never falls back to the CPU where the host has GPUs torch cannot use."""
+    import torch
+
     spec = parse_devices(spec_text)
     if spec.mode == "cpu":
         return []
-    return resolve_devices(spec, parent_visible_ids(env_value, visible_gpu_count()))
+    count = visible_gpu_count()
+    if spec.mode == "auto":
+        problem = unusable_gpus(
+            nvidia_host(env), torch.version.cuda, env.get("CUDA_VISIBLE_DEVICES"), count
+        )
+        if problem:
+            raise UserError(problem)
+    return resolve_devices(spec, parent_visible_ids(env.get("CUDA_VISIBLE_DEVICES"), count))

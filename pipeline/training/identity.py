@@ -32,6 +32,7 @@ NOT_SHAPING = (
     "report.",
     "checkpoint.",
     "dist.",
+    "quick",
 )
 # the modules whose code shapes what a run computes (the launcher, tracking and reporting
 # code do not)

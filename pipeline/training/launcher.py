@@ -82,7 +82,7 @@ def launch(name: str, overrides: list[str]) -> int:
     cfg = load_config("params.yaml", overrides)
     check_tracking_uri(tracking_uri())
     parse_fault(os.environ.get(FAULT_ENV))
-    gpus = choose_devices(cfg.devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpus = choose_devices(cfg.devices, os.environ)
     nproc = strategy.nproc(cfg, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
     check_multi_node(name, topology, nproc, cfg.train.batch_size, cfg.train.grad_accum)
@@ -105,10 +105,12 @@ def launch(name: str, overrides: list[str]) -> int:
         if topology.multi_node:
             where += f", this node of {topology.nnodes}"
         print(f"launch[{name}]: {nproc} process(es) on {where}: {shlex.join(cmd[1:])}", flush=True)
-        code = run_forwarding_signals(cmd, env, Path(error_file.name))
+        code, stopped = run_forwarding_signals(cmd, env, Path(error_file.name))
         user_error = Path(error_file.name).read_text().strip()
     if code != 0:
-        settle_run(name, KILLED if code == SIGTERM_EXIT else FAILED)
+        # a stop someone asked for, or a failure (torchrun also stops the surviving workers
+        # of a failed job with SIGTERM: that is not a stop to resume from)
+        settle_run(name, KILLED if stopped else FAILED)
     if code != 0 and user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
@@ -120,11 +122,11 @@ def launch(name: str, overrides: list[str]) -> int:
 
 
 def settle_run(name: str, status: str) -> None:
-    """Workers that die without a word (SIGKILL, out of memory, a lost node) leave their
-    MLflow run RUNNING: record how it ended, and push it. Best effort: MLflow may be away too,
+    """Record how the stage's MLflow run ended when its workers could not say it themselves
+    (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
     and `python -m pipeline.publish` delivers it later."""
     try:
-        publish_strategy(name, unfinished_status=status)
+        publish_strategy(name, ended=status)
     except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
         print(
             f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",
@@ -133,11 +135,12 @@ def settle_run(name: str, status: str) -> None:
         )
 
 
-def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> int:
+def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> tuple[int, bool]:
     """Run torchrun; a SIGTERM/SIGINT sent to this process (docker stop, Ctrl-C) goes on to
     it, so the workers checkpoint instead of being orphaned. Its stderr is passed through
     until a worker reports a user error: torchrun's failure report after that is noise around
-    the one line the user needs, which the caller prints."""
+    the one line the user needs, which the caller prints. Returns torchrun's exit code and
+    whether the run was stopped by such a signal."""
     child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
 
     stderr = child.stderr
@@ -152,14 +155,17 @@ def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> int:
     relay_thread = threading.Thread(target=relay, daemon=True)
     relay_thread.start()
 
+    stopped = []
+
     def forward(signum, frame) -> None:
+        stopped.append(signum)
         child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = child.wait()
         relay_thread.join(timeout=10)
-        return code
+        return code, bool(stopped)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -189,7 +189,7 @@ def run(cfg: Config, strategy_name: str, ctx: DistContext, control_group=None) -
         state = par.state_dict()  # a collective for sharded/split models: every rank calls it
         summary = summarize(history, strategy_name, ctx, par, n_train)
         if par.writer:
-            summary.mlflow_run_id, summary.fingerprint = tracker.run_id, key
+            summary.fingerprint = key
             out_dir.mkdir(parents=True, exist_ok=True)
             write_results(out_dir, state, history, summary, to_yaml(cfg))
             tracker.publish(
@@ -274,6 +274,9 @@ def open_tracker(
         "gpus": ",".join(ctx.gpus) or "cpu",
         "batch_split": "+".join(map(str, par.batch_split)),
         "dvc_stage": f"train@{strategy_name}",
+        "parallel_lab_fingerprint": key,  # what results/<strategy>/metrics.json calls the run
+        # MLflow's run description: what the comparison must be read with
+        "mlflow.note.content": "\n".join(par.notes),
         **gpu_tags(ctx.gpus),
     }
     params = {

@@ -107,7 +107,12 @@ def assert_mlflow_matches_files(project: Path, uri: str) -> None:
     for name in NAMES:
         out = project / "results" / name
         metrics = json.loads((out / "metrics.json").read_text())
-        run_ = client.get_run(metrics["mlflow_run_id"])
+        # run.json: the run of these results (the same fingerprint) in this store
+        record = json.loads((project / f"checkpoints/{name}/run.json").read_text())
+        assert record["fingerprint"] == metrics["fingerprint"] and record["tracking_uri"] == uri
+        run_ = client.get_run(record["run_id"])
+        assert run_.data.tags["parallel_lab_fingerprint"] == metrics["fingerprint"], name
+        assert run_.data.tags["mlflow.note.content"] == "\n".join(metrics["notes"]), name
         assert run_.info.status == "FINISHED", name
         config = flat(yaml.safe_load((out / "config.yaml").read_text()))
         for key, value in config.items():

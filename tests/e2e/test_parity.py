@@ -47,6 +47,12 @@ RUNS = {
         ("ddp", "ddp", FP64),
         ("fsdp", "fsdp", FP64),
         ("pipeline_parallel", "pipeline_parallel", [*FP64, *ONE_CHUNK]),
+        # both stages in one process, as on a machine with one GPU (a looped schedule)
+        (
+            "pipeline_parallel_1proc",
+            "pipeline_parallel",
+            [*FP64, *ONE_CHUNK, "pipeline_parallel.nproc=1"],
+        ),
     ],
     "fp64_accum2": [
         ("single", "single", [*FP64, "train.grad_accum=2"]),
@@ -59,6 +65,17 @@ RUNS = {
             "pipeline_parallel_1f1b_2chunks",
             "pipeline_parallel",
             [*FP64, "pipeline_parallel.microbatches=2", "pipeline_parallel.schedule=1f1b"],
+        ),
+        # the same with both stages in one process: the looped Interleaved1F1B schedule
+        (
+            "pipeline_parallel_1proc_1f1b_2chunks",
+            "pipeline_parallel",
+            [
+                *FP64,
+                "pipeline_parallel.microbatches=2",
+                "pipeline_parallel.schedule=1f1b",
+                "pipeline_parallel.nproc=1",
+            ],
         ),
     ],
     # ddp is left out here to save a run: in fp32 it ends exactly where fsdp does (0.014)
@@ -160,6 +177,9 @@ def test_pipeline_notes_record_the_split_and_batchnorm(trained):
     assert any("split at [3]" in note for note in one_chunk)
     assert not any("BatchNorm" in note for note in one_chunk)
     assert any("BatchNorm statistics per pipeline micro-batch" in note for note in two_chunks)
+    looped = trained["fp64"]["pipeline_parallel_1proc"].metrics
+    assert looped["world_size"] == 1 and looped["devices"] == ["cpu"]
+    assert any("2 stages on 1 process: no overlap" in note for note in looped["notes"])
 
 
 def test_pipeline_stages_beyond_blocks_exit_2(fetched_template):

@@ -112,6 +112,32 @@ def test_killed_rank_restarts_and_finishes_identically(fault_project, fault):
     assert steps == [1, 2]  # every epoch once, none twice
 
 
+def test_a_crashed_stage_leaves_its_run_failed_until_a_rerun_finishes_it(fault_project):
+    """A rank killed without restarts ends the stage; its MLflow run says FAILED (the
+    launcher marks it: the dead worker could not), and the rerun resumes the same run."""
+    project, (ref_model, ref_metrics, _) = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / 'crash.db'}"
+    crashed = run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        check=False,
+        PARALLEL_LAB_FAULT="rank=1,epoch=2,step=0",
+        MLFLOW_TRACKING_URI=uri,
+    )
+    assert crashed.returncode not in (0, 2), crashed.stderr[-3000:]
+    (failed,) = mlflow_runs(uri)[1]
+    assert failed.info.status == "FAILED"
+    rerun = run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
+    assert "resuming at epoch 2 step 0" in rerun.stdout
+    (finished,) = mlflow_runs(uri)[1]
+    assert finished.info.run_id == failed.info.run_id and finished.info.status == "FINISHED"
+    assert final_state(project)[1] == ref_metrics
+
+
 def test_a_finished_strategy_is_not_retrained(fault_project):
     project, (ref_model, ref_metrics, _) = fault_project
     reset(project)
@@ -188,10 +214,15 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     # the ranks agreed on the next step boundary: step 3 of epoch 2 (0-based epoch 1)
     assert (record["epoch"], record["step"]) == (1, 3), record
     assert "SIGTERM: checkpointed at epoch 2 step 3" in out
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    (stopped,) = mlflow_runs(uri)[1]
+    assert stopped.info.status == "KILLED"  # stopped, to be resumed
     resumed = dvc(project, "repro", timeout=400)
     assert "resuming at epoch 2 step 3" in resumed.stdout
     metrics = json.loads((project / "results/ddp/metrics.json").read_text())
     assert metrics["epochs"] == 3
+    (run_,) = mlflow_runs(uri)[1]  # the same run, resumed and finished
+    assert run_.info.run_id == stopped.info.run_id and run_.info.status == "FINISHED"
     # identical to an uninterrupted run of the same configuration
     reference = make_project(tmp_path / "reference", tiny_params(http_mirror, **slow))
     shutil.copytree(project / "data", reference / "data")

@@ -89,7 +89,7 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
     assert set(runs) == set(strategies.NAMES)
     for name, run in runs.items():
         result = json.loads((project / f"results/{name}/metrics.json").read_text())
-        assert run.info.run_id == result["mlflow_run_id"]
+        assert run.data.tags["parallel_lab_fingerprint"] == result["fingerprint"]
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert PROVENANCE_TAGS | {"gpu_names"} <= set(run.data.tags), name
         assert run.data.tags["container_image"] == IMAGE

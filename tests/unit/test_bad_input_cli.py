@@ -56,6 +56,12 @@ def refused(project, *args, **env):
         ),
         (["pipeline.train", "single"], {"PARALLEL_LAB_FAULT": "rank=x"}, ["PARALLEL_LAB_FAULT"]),
         (["pipeline.fetch", "data.mirrors=[]"], {}, ["data.mirrors: is empty"]),
+        # a CUDA image run without its GPUs (no NVIDIA runtime): never a silent CPU run
+        (
+            ["pipeline.train", "single"],
+            {"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": None},
+            ["devices: auto found NVIDIA GPUs", "no /dev/nvidia*", "devices=cpu"],
+        ),
         (
             ["pipeline.compare", "strategies=[single,nope]"],
             {},

@@ -4,7 +4,15 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.training.context import DistContext
-from pipeline.training.devices import DeviceSpec, parent_visible_ids, parse_devices, resolve_devices
+from pipeline.training.devices import (
+    DeviceSpec,
+    NvidiaHost,
+    choose_devices,
+    parent_visible_ids,
+    parse_devices,
+    resolve_devices,
+    unusable_gpus,
+)
 
 
 @pytest.mark.parametrize(
@@ -60,3 +68,74 @@ def test_context_from_env_on_cpu():
     )
     assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.backend) == (1, 2, False, "gloo")
     assert str(ctx.device) == "cpu" and ctx.devices_of_ranks() == ["cpu", "cpu"]
+
+
+# --- never a silent CPU run where the host has GPUs torch cannot use --------------------------
+
+OLD_DRIVER = NvidiaHost(("/dev/nvidia0",), True, "535.104.05", "all")
+
+
+@pytest.mark.parametrize(
+    "host, torch_cuda, cuda_visible, seen, words",
+    [
+        (
+            OLD_DRIVER,
+            "13.0",
+            None,
+            0,
+            [
+                "driver 535.104.05",
+                "CUDA 13.0, which needs driver >= 580.65",
+                "535.104.05 is older",
+                "BASE_IMAGE",
+                "devices=cpu",
+            ],
+        ),
+        (
+            NvidiaHost((), False, None, "all"),
+            "13.0",
+            None,
+            0,
+            ["NVIDIA_VISIBLE_DEVICES=all but no /dev/nvidia*", "--gpus all"],
+        ),
+        (
+            NvidiaHost(("/dev/nvidia0",), False, None, None),
+            None,
+            None,
+            0,
+            ["/dev/nvidia0", "CPU-only build"],
+        ),
+        (
+            NvidiaHost(("/dev/nvidia0",), True, "590.10", None),
+            "13.0",
+            None,
+            0,
+            ["driver 590.10", "needs driver >= 580.65"],
+        ),  # new enough, yet unusable: still said
+    ],
+)
+def test_gpus_torch_cannot_use_are_an_error(host, torch_cuda, cuda_visible, seen, words):
+    problem = unusable_gpus(host, torch_cuda, cuda_visible, seen)
+    assert problem is not None and "\n" not in problem
+    assert all(w in problem for w in words), problem
+
+
+@pytest.mark.parametrize(
+    "host, cuda_visible, seen",
+    [
+        (NvidiaHost(), None, 0),  # no GPU anywhere: the CPU it is
+        (NvidiaHost((), False, None, "void"), None, 0),  # a CUDA image asked for no GPU
+        (NvidiaHost((), False, None, ""), None, 0),
+        (OLD_DRIVER, "", 0),  # CUDA_VISIBLE_DEVICES="" hides them on purpose
+        (OLD_DRIVER, None, 2),  # torch sees them: nothing to say
+    ],
+)
+def test_no_gpu_or_gpus_hidden_on_purpose_is_no_error(host, cuda_visible, seen):
+    assert unusable_gpus(host, "13.0", cuda_visible, seen) is None
+
+
+def test_auto_on_this_gpu_less_machine():
+    assert choose_devices("auto", {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert choose_devices("cpu", {"NVIDIA_VISIBLE_DEVICES": "all"}) == []
+    with pytest.raises(UserError, match="devices: auto found NVIDIA GPUs"):
+        choose_devices("auto", {"NVIDIA_VISIBLE_DEVICES": "all"})

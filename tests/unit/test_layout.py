@@ -36,6 +36,7 @@ COMMANDS = [
     "pipeline.compare",
     "pipeline.publish",
     "pipeline.compare_experiments",
+    "pipeline.quickstart",
 ]
 
 

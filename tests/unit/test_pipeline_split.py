@@ -63,3 +63,17 @@ def test_resnet_blocks_split_by_flops():
     # the stem and the head are cheap; the residual stages carry the work
     assert max(flops[0], flops[5]) < min(flops[1:5]) / 10
     assert split_points(flops, 2) == [0, 3, 6]
+
+
+def test_one_gpu_or_one_cpu_process_holds_every_stage():
+    cfg = Config()
+    cfg.pipeline_parallel.stages = 3
+    cfg.train.batch_size = 32
+    cfg.pipeline_parallel.microbatches = 4
+    assert pipeline_parallel.nproc(cfg, n_gpus=1) == 1  # one GPU: a looped schedule on it
+    assert pipeline_parallel.nproc(cfg, n_gpus=4) == 3  # a GPU per stage
+    cfg.pipeline_parallel.nproc = 1
+    assert pipeline_parallel.nproc(cfg, n_gpus=0) == 1
+    cfg.pipeline_parallel.nproc = 2
+    with pytest.raises(UserError, match=r"pipeline_parallel\.nproc: got 2, expected 3 .* or 1"):
+        pipeline_parallel.nproc(cfg, n_gpus=0)
