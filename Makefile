@@ -32,3 +32,7 @@ lock:  ## re-resolve requirements.lock from pyproject.toml's pins
 
 clean:
 	rm -rf results reports data mlflow.db mlruns
+
+.PHONY: docker-setup
+docker-setup: install  ## Docker for the container tests: engine, pinned tools, stand-in base images (root: apt, dockerd)
+	$(PY) docker/standins/build.py all
