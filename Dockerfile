@@ -59,9 +59,9 @@ RUN python -m pip install --no-deps --no-build-isolation /tmp/parallel-lab \
 
 # The entrypoint (docker/entrypoint.py) starts as root only to drop to the owner of the
 # bind-mounted repository, so any host user gets files of their own with no setting; and it
-# sees SIGTERM through to the training processes (DVC dies of it at once; the entrypoint waits
-# for the stage's checkpoint). Without a bind mount the image's own /workspace belongs to
-# `app`, and that is who runs.
+# sees SIGTERM through to the training processes (and SIGINT to DVC, which releases its lock)
+# and waits for the stage's checkpoint. Without a bind mount the image's own /workspace
+# belongs to `app`, and that is who runs.
 RUN groupadd --gid 10001 app \
     && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash app \
     && mkdir -p /workspace \

@@ -12,12 +12,17 @@ no passwd entry). Started as a non-root user (`docker run --user ...`), that cho
 /workspace owned by root: it stays root (under rootless Docker or Podman the host user *is*
 root in the container, and a root-owned tree wants root anyway).
 
-Signals. compose's `init: true` makes tini PID 1, and tini hands SIGTERM (docker stop) or
-SIGINT to its one child: this process. It passes the signal on to the command's process
-group: `dvc repro`, the stage's shell and `python -m pipeline.train`, whose launcher relays
-it to torchrun and the ranks, which checkpoint before exiting. DVC itself dies of the
-SIGTERM at once; its stage carries on, re-parented to this process (a child subreaper), and
-this process only exits, with the command's status, once every descendant has, so the
+Signals. compose's `init: true` makes tini PID 1, and tini hands SIGTERM (docker stop,
+`docker compose stop`) or SIGINT to its one child: this process. It passes the signal on to
+every process of the command's process group (the stage's shell, `python -m pipeline.train`,
+whose launcher relays it to torchrun and the ranks, which checkpoint before exiting), and
+keeps doing so for processes that appear there afterwards, except that DVC gets SIGINT
+instead: a SIGTERM kills DVC on the spot, leaving its lock (.dvc/tmp/rwlock) behind, and as
+PIDs in a container repeat, the next `dvc repro` then finds it "blocked" by a live process.
+SIGINT is what DVC expects (Ctrl-C): it ignores it while a stage runs, then fails that stage
+and exits 255, its lock released; between stages it stops at once, also cleanly. This
+process is a child subreaper (what the stage leaves behind is re-parented to it) and, once
+signalled, exits only when every descendant has, with the command's exit status, so the
 container (whose end kills whatever is left) outlives the checkpoint. Without a signal the
 command's exit ends the container at once, as it would without this process.
 """
@@ -60,6 +65,46 @@ def drop_to_workspace_owner() -> None:
     os.setresuid(uid, uid, uid)
 
 
+def group_members(pgid: int) -> dict[int, str]:
+    """pid -> start time of each process in process group `pgid` (from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        # after "pid (comm)": state ppid pgrp ... starttime is the 20th
+        if int(fields[2]) == pgid:
+            found[int(entry)] = fields[19]
+    return found
+
+
+def is_dvc(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    # `dvc ...` as a console script (its interpreter comes first) or `python -m dvc ...`
+    return any(os.path.basename(a) == "dvc" for a in argv[:2]) or argv[1:3] == ["-m", "dvc"]
+
+
+def tell(pgid: int, signum: int, told: set[tuple[int, str]]) -> None:
+    """Send `signum` (SIGINT to DVC) to each member of the group not told yet."""
+    for pid, started in group_members(pgid).items():
+        if (pid, started) in told:
+            continue
+        told.add((pid, started))
+        dvc_stop = signum in (signal.SIGTERM, signal.SIGINT) and is_dvc(pid)
+        try:
+            os.kill(pid, signal.SIGINT if dvc_stop else signum)
+        except ProcessLookupError:
+            pass
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("parallel-lab-entrypoint: no command given", file=sys.stderr)
@@ -67,9 +112,14 @@ def main(argv: list[str]) -> int:
     drop_to_workspace_owner()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     interactive = os.isatty(0)
+    # The signals are taken synchronously (sigwaitinfo), so they are blocked here from
+    # before the command starts; the command gets the usual, empty mask back.
+    watched = {*FORWARDED, signal.SIGCHLD}
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
 
     def in_child() -> None:
-        # A process group of its own, so that a signal reaches all of it and none of this
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        # A process group of its own, so that a signal can reach all of it and none of this
         # process; an interactive command (`docker compose run ... bash`) takes the terminal.
         os.setpgid(0, 0)
         if interactive:
@@ -85,30 +135,30 @@ def main(argv: list[str]) -> int:
     except OSError as err:
         print(f"parallel-lab-entrypoint: {argv[0]}: {err.strerror}", file=sys.stderr)
         return 127
-    signalled = False
 
-    def forward(signum, frame) -> None:
-        nonlocal signalled
-        signalled = True
-        try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            pass  # the group is gone: nothing left to tell
-
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-
+    signalled = 0
+    told: set[tuple[int, str]] = set()
     status = None
     while True:
-        try:
-            pid, raw = os.wait()
-        except ChildProcessError:
-            break  # no descendants left
-        if pid == child.pid:
-            status = os.waitstatus_to_exitcode(raw)
-            if not signalled:
+        # Once signalled, look for new members of the group now and then as well.
+        info = (signal.sigtimedwait(watched, 0.25) if signalled
+                else signal.sigwaitinfo(watched))
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            signalled = info.si_signo
+            told.clear()  # a new signal goes to everyone
+        while True:
+            try:
+                pid, raw = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # no descendants left
+                return 128 - status if status < 0 else status
+            if pid == 0:
                 break
-    return 128 - status if status < 0 else status
+            if pid == child.pid:
+                status = os.waitstatus_to_exitcode(raw)
+                if not signalled:
+                    return 128 - status if status < 0 else status
+        if signalled:
+            tell(child.pid, signalled, told)
 
 
 if __name__ == "__main__":
