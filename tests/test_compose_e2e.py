@@ -328,14 +328,12 @@ def mlflow_runs(url: str, experiment: str) -> dict[str, dict]:
     return {run["info"]["run_name"]: run for run in found.get("runs", [])}
 
 
-def set_params(project: Path, **train: object) -> str:
-    """Change train.* in the project's params.yaml; returns the previous text."""
+def set_params(project: Path, **train: object) -> None:
+    """Change train.* in the project's params.yaml."""
     path = project / "params.yaml"
-    before = path.read_text()
-    params = yaml.safe_load(before)
+    params = yaml.safe_load(path.read_text())
     params["train"].update(train)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
-    return before
 
 
 @pytest.mark.timeout(E2E_TIMEOUT)
@@ -385,10 +383,10 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
                               timeout=60, env=clean_env())
         return f"--- compose logs\n{proc.stdout[-12000:]}{proc.stderr[-2000:]}"
 
-    def dc(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    def dc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         proc = subprocess.run([*base, *args], capture_output=True, text=True, timeout=timeout,
                               env=clean_env())
-        assert not check or proc.returncode == 0, \
+        assert proc.returncode == 0, \
             f"compose {' '.join(args)}: {proc.returncode}\n{proc.stdout[-3000:]}\n" \
             f"{proc.stderr[-5000:]}\n{logs()}"
         return proc
@@ -462,11 +460,12 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
              "model.pt"], capture_output=True, text=True, check=True).stdout.split()
         assert len(stored) == len(names)
 
-        dc("restart", "mlflow", timeout=120)
-        wait_healthy(url, timeout=120)
-        after = mlflow_runs(url, "tests")
-        assert {k: after[k]["info"]["run_id"] for k in names if k in after} == \
-               {k: r["info"]["run_id"] for k, r in runs.items()}
+        if flavour == "v2":  # the store, not the Compose implementation, is under test here
+            dc("restart", "mlflow", timeout=120)
+            wait_healthy(url, timeout=120)
+            after = mlflow_runs(url, "tests")
+            assert {k: after[k]["info"]["run_id"] for k in names if k in after} == \
+                   {k: r["info"]["run_id"] for k, r in runs.items()}
         timings["mlflow checks"] = time.monotonic() - started
 
         if flavour == "v2":
