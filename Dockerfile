@@ -20,16 +20,21 @@ ENV PYTHONUNBUFFERED=1 \
     DVC_NO_ANALYTICS=1
 
 # git: DVC works on the git repository and every MLflow run is tagged with its commit.
-# The distribution (and so git's package version) is the base image's choice, so an apt pin
+# g++: torch.compile's inductor builds its CPU kernels as C++ (against Python.h, which the
+# base's Python carries, and OpenMP, which comes with the compiler); the runtime image has no
+# compiler. The build stops here if the base's Python lacks its headers.
+# The distribution (and so the packages' versions) is the base image's choice, so an apt pin
 # could only break a BASE_IMAGE override; the Python environment is what is pinned.
 # safe.directory: the container may run under a uid that does not own the bind-mounted
-# repository (compose's user: is the host user's, but nothing enforces it); git and
-# libgit2 (pygit2, used by DVC) both read the system config.
+# repository (`docker run --user`, or root on another user's tree); git and libgit2 (pygit2,
+# used by DVC) both read the system config.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git \
+    && apt-get install -y --no-install-recommends git g++ \
     && rm -rf /var/lib/apt/lists/* \
-    && git config --system --add safe.directory /workspace
+    && git config --system --add safe.directory /workspace \
+    && python -c "import os, sys, sysconfig; h = os.path.join(sysconfig.get_paths()['include'], 'Python.h'); \
+sys.exit(0 if os.path.exists(h) else f'BASE_IMAGE: {h} is missing; torch.compile needs the Python headers')"
 
 # The lock minus what the base image already provides: torch, torchvision and their CUDA
 # stack (triton, nvidia-*, cuda-*), so the image never downloads or replaces a second torch.
@@ -52,13 +57,17 @@ COPY pipeline /tmp/parallel-lab/pipeline
 RUN python -m pip install --no-deps --no-build-isolation /tmp/parallel-lab \
     && rm -rf /tmp/parallel-lab
 
-# A non-root default user for `docker run`; compose runs the pipeline as the host user
-# instead, so files it writes into the bind-mounted repository are the user's own.
+# The entrypoint (docker/entrypoint.py) starts as root only to drop to the owner of the
+# bind-mounted repository, so any host user gets files of their own with no setting; and it
+# sees SIGTERM through to the training processes (and SIGINT to DVC, which releases its lock)
+# and waits for the stage's checkpoint. Without a bind mount the image's own /workspace
+# belongs to `app`, and that is who runs.
 RUN groupadd --gid 10001 app \
     && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash app \
     && mkdir -p /workspace \
     && chown app:app /workspace
-USER 10001:10001
+COPY docker/entrypoint.py /usr/local/bin/parallel-lab-entrypoint
 WORKDIR /workspace
 
+ENTRYPOINT ["/usr/local/bin/parallel-lab-entrypoint"]
 CMD ["dvc", "repro"]

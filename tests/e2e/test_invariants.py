@@ -198,6 +198,13 @@ def test_a_killed_rank_resumes_and_mlflow_catches_up_after_the_outage(adverse):
     assert_mlflow_matches_files(project, server.uri)
 
 
+def test_a_change_dvc_does_not_see_reruns_nothing(adverse):
+    project, server, _ = adverse
+    os.utime(project / OPTIM)  # touched: same content
+    repro = dvc(project, "repro", MLFLOW_TRACKING_URI=server.uri)
+    assert "Running stage" not in repro.stdout, repro.stdout
+
+
 def test_compare_twice_keeps_one_comparison(adverse):
     project, server, _ = adverse
     server.start()
@@ -214,10 +221,3 @@ def test_compare_twice_keeps_one_comparison(adverse):
         if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id
     }
     assert children == set(NAMES)
-
-
-def test_a_change_dvc_does_not_see_reruns_nothing(adverse):
-    project, server, _ = adverse
-    os.utime(project / OPTIM)  # touched: same content
-    repro = dvc(project, "repro", MLFLOW_TRACKING_URI=server.uri)
-    assert "Running stage" not in repro.stdout, repro.stdout

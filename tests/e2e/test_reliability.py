@@ -33,9 +33,11 @@ METRICS = ("train_loss", "test_loss", "test_acc", "best_test_acc")
 
 
 def mlflow_runs(uri: str, experiment: str = "tests"):
+    """The client and the strategy runs (a `dvc repro` adds a "comparison" parent too)."""
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
-    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+    runs = [] if exp is None else client.search_runs([exp.experiment_id])
+    return client, [r for r in runs if r.info.run_name != "comparison"]
 
 
 def final_state(project):

@@ -69,7 +69,10 @@ def test_html_page_is_self_contained(project):
     assert len(embedded) == len(PLOTS)
     for data in embedded:
         assert Image.open(io.BytesIO(base64.b64decode(data))).width >= 600
-    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched from elsewhere
+    assert not re.search(r'src="(?!data:)', page)  # nothing fetched from elsewhere
+    # one link out: this comparison's runs side by side in MLflow
+    (link,) = re.findall(r'href="([^"]+)"', page)
+    assert link.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[") and "experiments=" in link
     for name in strategies.NAMES:
         assert f"<td>{name}</td>" in page
     assert "peak RSS (CPU)" in page
