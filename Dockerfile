@@ -70,4 +70,6 @@ COPY docker/entrypoint.py /usr/local/bin/parallel-lab-entrypoint
 WORKDIR /workspace
 
 ENTRYPOINT ["/usr/local/bin/parallel-lab-entrypoint"]
-CMD ["dvc", "repro"]
+# The pipeline, then whatever the tracking server lacks of its runs: a server that is new (or
+# was down) gets them from what is on disk even when DVC has nothing to re-run.
+CMD ["sh", "-c", "dvc repro && python -m pipeline.publish"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""parallel-lab trainer entrypoint: runs the command (by default `dvc repro`) as the owner
+"""parallel-lab trainer entrypoint: runs the command (by default `dvc repro`, then
+`python -m pipeline.publish`) as the owner
 of /workspace, and sees a `docker stop` through to the training processes.
 
 Who runs it. compose bind-mounts the repository at /workspace, and dvc.lock, results/,

@@ -145,6 +145,23 @@ def test_mlflow_matches_the_files_after_a_clean_run(every_strategy):
     assert_mlflow_matches_files(every_strategy, f"sqlite:///{every_strategy / 'mlflow.db'}")
 
 
+def test_another_store_gets_every_run_from_disk(every_strategy, tmp_path):
+    """`dvc repro` on the embedded store, then pointed at a real server: DVC has nothing to
+    re-run, and `python -m pipeline.publish` (what `make run` and the container run after
+    it) creates every run there, with its whole history and artifacts, from what is on disk."""
+    project = tmp_path / "project"
+    shutil.copytree(every_strategy, project, symlinks=True)
+    server = MlflowServer(tmp_path, free_port())
+    server.start()
+    try:
+        repro = dvc(project, "repro", MLFLOW_TRACKING_URI=server.uri)
+        assert "Running stage" not in repro.stdout
+        run(project, "python", "-m", "pipeline.publish", MLFLOW_TRACKING_URI=server.uri)
+        assert_mlflow_matches_files(project, server.uri)
+    finally:
+        server.kill()
+
+
 @pytest.fixture(scope="module")
 def adverse(every_strategy, tmp_path_factory):
     """A copy of the clean run, retrained after a change to a training module, with every
