@@ -22,11 +22,15 @@ run: install  ## the full experiment: fetch -> train every strategy -> compare, 
 	dvc repro
 	$(PY) -m pipeline.publish
 
+# Two workers: most of a test's time is single-threaded process start-up, so two cores run
+# two tests at once; each e2e module stays on one worker (tests/conftest.py).
+PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
+
 test: install  ## every test, as CI runs it (CPU; see README "Tests" for what it needs)
-	$(PY) -m pytest
+	$(PYTEST)
 
 test-fast: install  ## tests/unit: pure functions and single-process tests, under 3 minutes
-	$(PY) -m pytest tests/unit
+	$(PYTEST) tests/unit
 
 lint: install  ## ruff (lint and format check) and mypy over the package and the benchmarks
 	$(PY) -m ruff check .

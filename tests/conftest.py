@@ -22,11 +22,20 @@ from support import (
     write_raw,
 )
 
+# e2e modules whose tests share one session fixture run on one xdist worker, so it is built
+# once (`make test` runs two workers)
+SHARED_GROUPS = {"test_report": "every_strategy", "test_invariants": "every_strategy"}
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark e2e tests, and keep each e2e module on one worker: their module-scoped fixtures
+    (a trained reference run, a fetched project) are then built once."""
     for item in items:
-        if Path(item.path).is_relative_to(TESTS / "e2e"):
+        path = Path(item.path)
+        if path.is_relative_to(TESTS / "e2e"):
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(path.stem, path.stem)))
 
 
 @pytest.fixture(scope="session")

@@ -124,14 +124,34 @@ def make_project(dest: Path, params: dict) -> Path:
     return dest
 
 
+_TEMPLATE_STORE: list[Path] = []
+
+
+def empty_store(path: Path) -> None:
+    """An empty MLflow SQLite store at `path`: a copy of one made once per test process.
+    (MLflow builds a new store's tables by running its migrations, seconds each time.)"""
+    if not _TEMPLATE_STORE:
+        import tempfile
+
+        from mlflow.tracking import MlflowClient
+
+        template = Path(tempfile.mkdtemp(prefix="mlflow-template-")) / "mlflow.db"
+        MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
+        _TEMPLATE_STORE.append(template)
+    shutil.copyfile(_TEMPLATE_STORE[0], path)
+
+
 def project_env(project: Path, **extra: str | None) -> dict[str, str]:
     """Environment for stage processes: the project copy's code first, its own MLflow store,
-    no GPUs (CI has none; hiding them keeps runs identical on a GPU machine). An `extra`
-    value of None removes the variable."""
+    no GPUs (CI has none; hiding them keeps runs identical on a GPU machine), one thread per
+    process (2 cores shared by several processes: OpenMP's spinning threads would make every
+    run many times slower and its timing a matter of luck). An `extra` value of None removes
+    the variable. A SQLite store it names that does not exist yet starts as an empty copy."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PARALLEL_LAB_"))}
     env.update(
         PYTHONPATH=str(project),
         CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}",
@@ -141,6 +161,9 @@ def project_env(project: Path, **extra: str | None) -> dict[str, str]:
         GIT_COMMITTER_EMAIL="t@t",
     )
     env.update({k: v for k, v in extra.items() if v is not None})
+    uri = env.get("MLFLOW_TRACKING_URI", "")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
+        empty_store(Path(uri[len("sqlite:///") :]))
     return {k: v for k, v in env.items() if extra.get(k, "") is not None}
 
 
