@@ -92,13 +92,15 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
 
     client = MlflowClient()
     children = [tracker.run_id]
-    parents = [open_comparison("tests", children, {}, {}) for _ in range(2)]
+    parents = [open_comparison("tests", children, {}, {}).parent_id for _ in range(2)]
     assert parents[0] == parents[1]
     close_comparison(parents[0], {tracker.run_id: {"speedup_vs_single": 1.0}}, [])
     # a new run of the strategy: a new comparison, and the old parent, now empty, goes
     newer = Tracker(tmp_path / "run2.json", "tests", "run", {}, {"lr": 0.2}, fingerprint="g")
     newer.publish([])
-    parent = open_comparison("tests", [newer.run_id], {}, {})
+    newer_comparison = open_comparison("tests", [newer.run_id], {}, {})
+    parent = newer_comparison.parent_id
+    assert newer_comparison.url.endswith(f"runs=[%22{newer.run_id}%22]&experiments=[%221%22]")
     close_comparison(parent, {newer.run_id: {"speedup_vs_single": 1.0}}, [])
     close_comparison(parent, {tracker.run_id: {"speedup_vs_single": 1.0}}, [])
     experiment = client.get_experiment_by_name("tests").experiment_id
