@@ -12,6 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from pipeline.training.loop import VOTE_EVERY_STEPS
 from support import (
     Background,
     MlflowServer,
@@ -213,14 +214,15 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     out = repro.output()
     assert code != 0, out
     record = latest(project)
-    # the ranks agreed on the next step boundary: step 3 of epoch 2 (0-based epoch 1)
-    assert (record["epoch"], record["step"]) == (1, 3), record
-    assert "SIGTERM: checkpointed at epoch 2 step 3" in out
+    # the ranks agreed on their next vote (every VOTE_EVERY_STEPS = 16 steps): step 16 of
+    # epoch 2 (0-based epoch 1), mid-epoch (32 steps)
+    assert (record["epoch"], record["step"]) == (1, VOTE_EVERY_STEPS), record
+    assert f"SIGTERM: checkpointed at epoch 2 step {VOTE_EVERY_STEPS}" in out
     uri = f"sqlite:///{project / 'mlflow.db'}"
     (stopped,) = mlflow_runs(uri)[1]
     assert stopped.info.status == "KILLED"  # stopped, to be resumed
     resumed = dvc(project, "repro", timeout=400)
-    assert "resuming at epoch 2 step 3" in resumed.stdout
+    assert f"resuming at epoch 2 step {VOTE_EVERY_STEPS}" in resumed.stdout
     metrics = json.loads((project / "results/ddp/metrics.json").read_text())
     assert metrics["epochs"] == 3
     (run_,) = mlflow_runs(uri)[1]  # the same run, resumed and finished
