@@ -40,13 +40,10 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
     if cfg.ddp.sync_bn:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
     device_ids = [ctx.device.index] if ctx.on_cuda else None
-    # With synchronised BatchNorm every rank's running statistics are the same numbers, so
-    # DDP's broadcast of rank 0's buffers before each forward would only copy them onto
-    # themselves: a collective per step for nothing. The graph is the same at every step
-    # (static_graph), which lets DDP skip looking for unused parameters and reuse its plan.
-    ddp = DDP(
-        model, device_ids=device_ids, broadcast_buffers=not cfg.ddp.sync_bn, static_graph=True
-    )
+    # DDP's defaults on purpose: static_graph=True fails on the first no_sync() step of
+    # gradient accumulation (reducer.cpp "expect_autograd_hooks_", torch 2.14), and
+    # broadcast_buffers=False, pointless work saved under SyncBN, warns as deprecated.
+    ddp = DDP(model, device_ids=device_ids)
 
     def reduce_grads_if(is_last: bool):
         return nullcontext() if is_last else ddp.no_sync()

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support import REPO, Mirror, free_port, make_project, tiny_params, write_raw
+from support import LEARNED, REPO, Mirror, free_port, make_project, tiny_params, write_raw
 
 BUILD = REPO / "docker" / "standins" / "build.py"
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -408,7 +408,7 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
     # The container cannot reach a mirror on the host's loopback, so the synthetic IDX files
     # sit inside the repository copy and a relative directory is the mirror.
     project_dir = tmp_path / "project"
-    md5 = write_raw(project_dir / "mirror", n_train=256, n_test=128)
+    md5 = write_raw(project_dir / "mirror")
     project = make_project(
         project_dir, tiny_params(Mirror("mirror", project_dir / "mirror", md5), strategies=names)
     )
@@ -532,7 +532,7 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
         for strategy, run in runs.items():
             assert run["info"]["status"] == "FINISHED"
             metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
-            assert 0.0 <= metrics["test_acc"] <= 1.0
+            assert metrics["test_acc"] >= LEARNED, (strategy, metrics["test_acc"])
             run_id = run["info"]["run_id"]
             listed = http_json(f"{url}/api/2.0/mlflow/artifacts/list?run_id={run_id}")
             files = {f["path"] for f in listed.get("files", [])}

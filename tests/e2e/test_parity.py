@@ -167,7 +167,12 @@ def test_fsdp_bf16_trains(trained):
     assert list(bf16.state) == list(single.state)
     assert all(v.dtype == single.state[k].dtype for k, v in bf16.state.items())
     assert all(torch.isfinite(v.double()).all() for v in bf16.state.values())
-    assert bf16.metrics["epochs"] == 1 and bf16.metrics["train_loss"] < 2.3  # below chance
+    # The epoch's mean training loss (10 steps, the first at chance, ln 10 = 2.30) is where
+    # fp32's is: measured 1.36 in bf16, 1.40 in fp32. (Test accuracy says little after 10
+    # steps: BatchNorm's running statistics have not settled yet.)
+    assert bf16.metrics["epochs"] == 1
+    loss, fp32_loss = bf16.metrics["train_loss"], single.metrics["train_loss"]
+    assert fp32_loss < 1.7 and abs(loss - fp32_loss) < 0.15, (loss, fp32_loss)
     assert any("bf16" in note for note in bf16.metrics["notes"])
 
 
