@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from support import LEARNED, run
 
 
@@ -9,3 +11,12 @@ def test_single_trains_and_writes_results(fetched_project):
     metrics = json.loads((project / "results/single/metrics.json").read_text())
     assert metrics["strategy"] == "single" and metrics["epochs"] == 2
     assert metrics["test_acc"] >= LEARNED, metrics["test_acc"]  # chance is 0.1
+
+
+def test_e2e_modules_stay_on_one_xdist_worker(request):
+    """`make test`'s two workers build a module's shared fixtures once only if the module
+    stays on one worker: xdist marks the test's id with its group (conftest.py), unless a
+    pytest and xdist pair disagree on where that id lives (pytest 9.2 with xdist 3.8)."""
+    if request.config.getoption("dist", "no") != "loadgroup":
+        pytest.skip("not under xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@test_smoke_single"), request.node.nodeid
