@@ -23,8 +23,9 @@ run: install  ## the full experiment: fetch -> train every strategy -> compare, 
 	$(PY) -m pipeline.publish
 
 # Two workers: most of a test's time is single-threaded process start-up, so two cores run
-# two tests at once; each e2e module stays on one worker (tests/conftest.py).
-PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
+# two tests at once; each e2e module stays on one worker, the longest handed out first
+# (tests/conftest.py).
+PYTEST := $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: install  ## every test, as CI runs it (CPU; see README "Tests" for what it needs)
 	$(PYTEST)

@@ -21,7 +21,11 @@ keeps doing so for processes that appear there afterwards, except that DVC gets 
 instead: a SIGTERM kills DVC on the spot, leaving its lock (.dvc/tmp/rwlock) behind, and as
 PIDs in a container repeat, the next `dvc repro` then finds it "blocked" by a live process.
 SIGINT is what DVC expects (Ctrl-C): it ignores it while a stage runs, then fails that stage
-and exits 255, its lock released; between stages it stops at once, also cleanly. This
+and exits 255, its lock released; between stages it stops at once, also cleanly. A shell
+(the image's default command is `sh -c "dvc repro && python -m pipeline.publish"`) is left
+alone: it ends when the command it waits for does, with that command's status, where SIGTERM
+(or SIGINT: dash does not wait for its command then) would end it at once with 143 or 130,
+hiding DVC's 255; a command it starts afterwards is signalled as it appears. This
 process is a child subreaper (what the stage leaves behind is re-parented to it) and, once
 signalled, exits only when every descendant has, with the command's exit status, so the
 container (whose end kills whatever is left) outlives the checkpoint. Without a signal the
@@ -39,6 +43,7 @@ import sys
 
 WORKSPACE = "/workspace"
 PR_SET_CHILD_SUBREAPER = 36
+SHELLS = {"sh", "dash", "bash"}
 FORWARDED = (
     signal.SIGTERM,
     signal.SIGINT,
@@ -100,12 +105,23 @@ def is_dvc(pid: int) -> bool:
     return any(os.path.basename(a) == "dvc" for a in argv[:2]) or argv[1:3] == ["-m", "dvc"]
 
 
+def is_shell(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() in SHELLS
+    except OSError:
+        return False
+
+
 def tell(pgid: int, signum: int, told: set[tuple[int, str]]) -> None:
-    """Send `signum` (SIGINT to DVC) to each member of the group not told yet."""
+    """Send `signum` (SIGINT to DVC, nothing to a shell) to each member of the group not
+    told yet."""
     for pid, started in group_members(pgid).items():
         if (pid, started) in told:
             continue
         told.add((pid, started))
+        if is_shell(pid):
+            continue
         dvc_stop = signum in (signal.SIGTERM, signal.SIGINT) and is_dvc(pid)
         try:
             os.kill(pid, signal.SIGINT if dvc_stop else signum)

@@ -25,17 +25,43 @@ from support import (
 # e2e modules whose tests share one session fixture run on one xdist worker, so it is built
 # once (`make test` runs two workers)
 SHARED_GROUPS = {"test_report": "every_strategy", "test_invariants": "every_strategy"}
+# The groups by their measured time on 2 cores, longest first: `make test` hands them out in
+# this order (--no-loadscope-reorder), so no long group starts last and the two workers end
+# together. Unit tests and unlisted modules come after, spread one test at a time.
+LONGEST_FIRST = [
+    "test_compose_e2e",
+    "every_strategy",
+    "test_reliability",
+    "test_parity",
+    "test_scale_out",
+    "test_dvc_pipeline",
+]
+
+
+def group_of(item: pytest.Item) -> str | None:
+    path = Path(item.path)
+    if not path.is_relative_to(TESTS / "e2e"):
+        return None
+    return SHARED_GROUPS.get(path.stem, path.stem)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark e2e tests, and keep each e2e module on one worker: their module-scoped fixtures
-    (a trained reference run, a fetched project) are then built once."""
+    """Mark e2e tests, keep each e2e module on one worker (its module-scoped fixtures, a
+    trained reference run or a fetched project, are then built once), longest groups first."""
     for item in items:
-        path = Path(item.path)
-        if path.is_relative_to(TESTS / "e2e"):
+        group = group_of(item)
+        if group is not None:
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(path.stem, path.stem)))
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        group = group_of(item)
+        if group in LONGEST_FIRST:
+            return LONGEST_FIRST.index(group)
+        return len(LONGEST_FIRST) + (group is None)
+
+    items.sort(key=rank)  # stable: each module keeps its own order
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Fault injection, for tests only: make one rank die, or wait, at a chosen point.
 
     PARALLEL_LAB_FAULT="rank=1,epoch=2,step=3"            # before step 3 of epoch 2 (1-based epoch)
+    PARALLEL_LAB_FAULT="rank=1,point=start;rank=0,epoch=1,step=2"  # one fault per attempt
     PARALLEL_LAB_FAULT="rank=0,epoch=1,point=checkpoint"  # mid checkpoint write of epoch 1
     PARALLEL_LAB_FAULT="rank=0,epoch=2,step=2,action=hold"          # wait there for SIGTERM
     PARALLEL_LAB_FAULT="rank=0,epoch=2,action=hold,release=/tmp/go"  # ... or for that file
@@ -15,8 +16,11 @@ a lost node). `hold` prints one line, `fault: rank R holding before step S of ep
 and waits there until a SIGTERM has arrived (at `step`) or the `release` file exists: a test
 waits for that line and
 then acts (sends SIGTERM, kills a node, stops a server) at a known point of the run, instead
-of guessing where a running job is. A fault fires only on torchrun's first attempt, so a
-restarted job runs on.
+of guessing where a running job is. A kill prints `fault: rank R killed ...` first.
+
+Faults separated by `;` belong to torchrun's attempts in turn: the first to the first attempt,
+the second to the first restart, and so on (list them in the order training reaches them, as
+each restart resumes from the last checkpoint); an attempt past the list runs on undisturbed.
 """
 
 from __future__ import annotations
@@ -63,13 +67,14 @@ class Fault:
             or (epoch == self.epoch and (point != "step" or step == self.step))
         ):
             return
-        if self.action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
         where = {
             "step": f"before step {step} of epoch {epoch}",
             "start": "at the start",
             "end": "at the end",
         }.get(point, f"at {point} of epoch {epoch}")
+        if self.action == "kill":
+            print(f"fault: rank {rank} killed {where}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         print(
             f"fault: rank {rank} holding {where} until SIGTERM"
             f"{' or ' + self.release if self.release else ''}",
@@ -79,9 +84,12 @@ class Fault:
             time.sleep(HOLD_POLL_S)
 
 
-def parse_fault(text: str | None) -> Fault | None:
-    if not text:
-        return None
+def parse_faults(text: str | None) -> list[Fault]:
+    """Every fault in `text`, one per torchrun attempt."""
+    return [parse_fault(part) for part in (text or "").split(";") if part.strip()]
+
+
+def parse_fault(text: str) -> Fault:
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
@@ -117,7 +125,8 @@ def parse_fault(text: str | None) -> Fault | None:
 
 
 def fault_from_env(env: Mapping[str, str] | None = None) -> Fault | None:
+    """This attempt's fault: torchrun counts its restarts in TORCHELASTIC_RESTART_COUNT."""
     source = os.environ if env is None else env
-    if source.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return None  # a restarted job must be able to finish
-    return parse_fault(source.get(ENV))
+    faults = parse_faults(source.get(ENV))
+    attempt = int(source.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return faults[attempt] if attempt < len(faults) else None

@@ -29,7 +29,7 @@ from pipeline.tracking.store import check_tracking_uri, tracking_uri
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.devices import choose_devices
 from pipeline.training.faults import ENV as FAULT_ENV
-from pipeline.training.faults import parse_fault
+from pipeline.training.faults import parse_faults
 from pipeline.training.topology import (
     Topology,
     check_multi_node,
@@ -81,7 +81,7 @@ def launch(name: str, overrides: list[str]) -> int:
     strategy = strategies.get(name)
     cfg = load_config("params.yaml", overrides)
     check_tracking_uri(tracking_uri())
-    parse_fault(os.environ.get(FAULT_ENV))
+    parse_faults(os.environ.get(FAULT_ENV))
     gpus = choose_devices(cfg.devices, os.environ)
     nproc = strategy.nproc(cfg, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)

@@ -5,7 +5,7 @@ import json
 from pipeline.strategies.gpu0_autotune import (
     CHOSEN_KEY,
 )
-from support import LEARNED, run
+from support import run
 
 
 def test_cli_run_with_auto_completes_and_records_the_resolution(fetched_project):
@@ -40,5 +40,8 @@ def test_single_trains_with_the_options_combined(fetched_project):
         "train.label_smoothing=0.1",
     )
     metrics = json.loads((project / "results/single/metrics.json").read_text())
-    assert metrics["epochs"] == 2 and metrics["test_acc"] >= LEARNED, metrics["test_acc"]
+    # Well above chance (0.1; measured 0.34). Not LEARNED: the tests' classes are bands at
+    # different heights, and augmentation's random crop moves a band by up to 4 rows, the
+    # height of two classes, so here it turns into label noise.
+    assert metrics["epochs"] == 2 and metrics["test_acc"] >= 0.25, metrics["test_acc"]
     assert any(n.startswith("precision fp16 on cpu") for n in metrics["notes"])
