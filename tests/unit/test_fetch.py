@@ -91,36 +91,42 @@ def corrupt_mirror(tmp_path, name, payload: bytes):
     return directory, md5
 
 
+def gz(data: bytes) -> bytes:
+    """gzip with a fixed timestamp: the bytes name the test cases, and under xdist every
+    worker must collect the same names."""
+    return gzip.compress(data, mtime=0)
+
+
 @pytest.mark.parametrize(
     "name, payload, words",
     [
         ("train-images-idx3-ubyte.gz", b"not gzip at all", "not a readable gzip"),
         (
             "train-images-idx3-ubyte.gz",
-            gzip.compress(b"\x00\x00\x08\x01" + b"\x00" * 8),
+            gz(b"\x00\x00\x08\x01" + b"\x00" * 8),
             "IDX header says type 0x08 with 1 dimensions",
         ),
         (
             "train-labels-idx1-ubyte.gz",
-            gzip.compress(b"\x12\x34\x08\x01\x00\x00\x00\x02ab"),
+            gz(b"\x12\x34\x08\x01\x00\x00\x00\x02ab"),
             "bad magic number",
         ),
         (
             "t10k-images-idx3-ubyte.gz",
-            gzip.compress(idx_bytes(np.zeros((32, 28, 28), np.uint8))[:-100]),
+            gz(idx_bytes(np.zeros((32, 28, 28), np.uint8))[:-100]),
             "truncated or corrupt",
         ),
         (
             "t10k-labels-idx1-ubyte.gz",
-            gzip.compress(idx_bytes(np.zeros(31, np.uint8))),
+            gz(idx_bytes(np.zeros(31, np.uint8))),
             "holds 32 images but t10k-labels-idx1-ubyte.gz holds 31 labels",
         ),
         (
             "t10k-labels-idx1-ubyte.gz",
-            gzip.compress(idx_bytes(np.full(32, 12, np.uint8))),
+            gz(idx_bytes(np.full(32, 12, np.uint8))),
             "label 12 found",
         ),
-        ("train-labels-idx1-ubyte.gz", gzip.compress(b""), "bad magic number"),
+        ("train-labels-idx1-ubyte.gz", gz(b""), "bad magic number"),
     ],
 )
 def test_corrupt_idx_is_refused_cleanly(tmp_path, name, payload, words):
