@@ -39,7 +39,7 @@ lint: install  ## ruff (lint and format check) and mypy over the package and the
 	$(PY) -m mypy
 
 ui: install  ## MLflow UI on the embedded store: http://127.0.0.1:5000
-	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 lock:  ## re-resolve requirements.lock from pyproject.toml's pins
 	rm -rf .lock-venv && python3 -m venv .lock-venv

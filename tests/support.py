@@ -312,6 +312,8 @@ class MlflowServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            # as in docker-compose.yml: no GenAI job runner processes
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
         wait_for(self.healthy, 90, "mlflow server")
 

@@ -17,6 +17,7 @@ def test_e2e_modules_stay_on_one_xdist_worker(request):
     """`make test`'s two workers build a module's shared fixtures once only if the module
     stays on one worker: xdist marks the test's id with its group (conftest.py), unless a
     pytest and xdist pair disagree on where that id lives (pytest 9.2 with xdist 3.8)."""
-    if request.config.getoption("dist", "no") != "loadgroup":
+    # on a worker, xdist leaves `dist` at "no" and says loadgroup in this option
+    if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not under xdist's --dist loadgroup")
     assert request.node.nodeid.endswith("@test_smoke_single"), request.node.nodeid
