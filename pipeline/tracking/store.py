@@ -60,9 +60,12 @@ def param_text(value: Any) -> str:
     return text if len(text) <= 6000 else text[:5997] + "..."
 
 
-# The MLflow UI's kind of experiment: classic training runs. Without it MLflow 3 opens an
-# experiment on its GenAI overview (traces), where these runs do not show.
+# The MLflow UI's kind of experiment: classic training runs, for UIs that go by the tag.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# MLflow 3.17's UI goes by its own switch instead (GenAI unless told, remembered per browser),
+# and opens an experiment on its GenAI overview (traces), where these runs do not show; this
+# query parameter on a link flips it to "Model training" (checked in headless Chromium).
+TRAINING_VIEW = "workflowType=machine_learning"
 UI_URL_ENV = "MLFLOW_UI_URL"  # where a browser reaches the MLflow UI, if not the tracking URI
 DEFAULT_UI_URL = "http://127.0.0.1:5000"  # `make ui` (mlflow ui) on the embedded store
 
@@ -94,4 +97,7 @@ def compare_runs_url(experiment: str, runs: list[str]) -> str:
     def ids(values: list[str]) -> str:
         return quote(json.dumps(values, separators=(",", ":")), safe="[],")
 
-    return f"{ui_url()}/#/compare-runs?runs={ids(runs)}&experiments={ids([experiment])}"
+    return (
+        f"{ui_url()}/#/compare-runs?runs={ids(runs)}&experiments={ids([experiment])}"
+        f"&{TRAINING_VIEW}"
+    )

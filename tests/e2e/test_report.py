@@ -73,6 +73,7 @@ def test_html_page_is_self_contained(project):
     # one link out: this comparison's runs side by side in MLflow
     (link,) = re.findall(r'href="([^"]+)"', page)
     assert link.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[") and "experiments=" in link
+    assert link.endswith("&workflowType=machine_learning")  # MLflow's training view
     for name in strategies.NAMES:
         assert f"<td>{name}</td>" in page
     assert "peak RSS (CPU)" in page
