@@ -2,6 +2,7 @@
 the way a reader and MLflow would see it (the arithmetic: tests/unit/test_report_table.py)."""
 
 import base64
+import html
 import io
 import json
 import re
@@ -71,7 +72,7 @@ def test_html_page_is_self_contained(project):
         assert Image.open(io.BytesIO(base64.b64decode(data))).width >= 600
     assert not re.search(r'src="(?!data:)', page)  # nothing fetched from elsewhere
     # one link out: this comparison's runs side by side in MLflow
-    (link,) = re.findall(r'href="([^"]+)"', page)
+    (link,) = map(html.unescape, re.findall(r'href="([^"]+)"', page))
     assert link.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[") and "experiments=" in link
     assert link.endswith("&workflowType=machine_learning")  # MLflow's training view
     for name in strategies.NAMES:

@@ -100,7 +100,9 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
     newer.publish([])
     newer_comparison = open_comparison("tests", [newer.run_id], {}, {})
     parent = newer_comparison.parent_id
-    assert newer_comparison.url.endswith(f"runs=[%22{newer.run_id}%22]&experiments=[%221%22]")
+    assert newer_comparison.url.endswith(
+        f"runs=[%22{newer.run_id}%22]&experiments=[%221%22]&workflowType=machine_learning"
+    )
     close_comparison(parent, {newer.run_id: {"speedup_vs_single": 1.0}}, [])
     close_comparison(parent, {tracker.run_id: {"speedup_vs_single": 1.0}}, [])
     experiment = client.get_experiment_by_name("tests").experiment_id
