@@ -1,11 +1,15 @@
 """The MLflow tracker against real (SQLite) stores: background pushes, statuses, timestamps,
 moving to another store, system metrics, and the comparison parent run."""
 
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
+from pipeline.errors import UserError
 from pipeline.results import EpochRow
 from pipeline.tracking.mlflow_run import Tracker
+from pipeline.tracking.publish import publish_strategy
 
 
 @pytest.fixture
@@ -110,3 +114,19 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
         r.info.run_id for r in client.search_runs([experiment]) if r.info.run_name == "comparison"
     ]
     assert left == [parent]
+
+
+def test_publish_refuses_epochs_of_another_run(tmp_path, monkeypatch):
+    """An older configuration's epochs (latest.json) never go into a newer run (run.json):
+    publish stops with one line and touches nothing, MLflow included."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'never.db'}")
+    checkpoints = tmp_path / "checkpoints" / "ddp"
+    checkpoints.mkdir(parents=True)
+    record = {"fingerprint": "newer", "status": "RUNNING", "run_id": None}
+    (checkpoints / "run.json").write_text(json.dumps(record))
+    (checkpoints / "latest.json").write_text(json.dumps({"fingerprint": "older", "history": []}))
+    with pytest.raises(UserError, match="belong to run older.* to run newer; not published"):
+        publish_strategy("ddp")
+    assert json.loads((checkpoints / "run.json").read_text()) == record
+    assert not (tmp_path / "never.db").exists()
