@@ -68,7 +68,7 @@ RESULTS = REPO / "benchmarks" / "results"
 FULL_TRAIN = 60_000  # Fashion-MNIST's training set: what "s/epoch" targets refer to
 # every strategy but single, at world size 1: what the project's wrapping costs against
 # `single` with the same effective settings (pipeline_parallel: all stages in this process)
-WRAPPERS = ("dp", "balanced_dp", "ddp", "fsdp", "pipeline_parallel")
+WRAPPERS = tuple(name for name in strategies.NAMES if name != "single")
 # Dense tensor-core peaks from NVIDIA's datasheets, FLOP/s (SXM parts; fp32 = non-tensor).
 GPU_PEAKS = {
     "H100": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},

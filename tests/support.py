@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -131,9 +132,7 @@ def empty_store(path: Path) -> None:
     """An empty MLflow SQLite store at `path`: a copy of one made once per test process.
     (MLflow builds a new store's tables by running its migrations, seconds each time.)"""
     if not _TEMPLATE_STORE:
-        import tempfile
-
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # only the processes that need a store
 
         template = Path(tempfile.mkdtemp(prefix="mlflow-template-")) / "mlflow.db"
         MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
@@ -162,8 +161,9 @@ def project_env(project: Path, **extra: str | None) -> dict[str, str]:
     )
     env.update({k: v for k, v in extra.items() if v is not None})
     uri = env.get("MLFLOW_TRACKING_URI", "")
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
-        empty_store(Path(uri[len("sqlite:///") :]))
+    store = Path(uri.removeprefix("sqlite:///"))
+    if uri.startswith("sqlite:///") and not store.exists():
+        empty_store(store)
     return {k: v for k, v in env.items() if extra.get(k, "") is not None}
 
 

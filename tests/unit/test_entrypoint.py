@@ -11,10 +11,10 @@ from support import REPO
 # A stand-in for DVC (the entrypoint knows DVC by the name of its script): SIGINT fails the
 # running stage with 255, as DVC does; SIGTERM would kill it.
 FAKE_DVC = """
-import signal, sys, time
+import signal, sys
 signal.signal(signal.SIGINT, lambda *_: sys.exit(255))
 print("stage running", flush=True)
-time.sleep(120)
+signal.pause()  # until the entrypoint passes the stop on
 """
 
 
