@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import project_images
 from pipeline.strategies import NAMES
 from support import (
     IMAGE,
@@ -27,11 +28,13 @@ from support import (
 SHARED_GROUPS = {"test_report": "every_strategy", "test_invariants": "every_strategy"}
 # The groups by their measured time on 2 cores, longest first: `make test` hands them out in
 # this order (--no-loadscope-reorder), so no long group starts last and the two workers end
-# together. Unit tests and unlisted modules come after, spread one test at a time.
+# together. Unit tests and unlisted modules come after, spread one test at a time. The
+# longest, the container tests, goes third: its image builds (minutes when cold) start at
+# collection and run in the background while the first two groups train.
 LONGEST_FIRST = [
-    "test_compose_e2e",
     "every_strategy",
     "test_reliability",
+    "test_compose_e2e",
     "test_parity",
     "test_scale_out",
     "test_dvc_pipeline",
@@ -62,6 +65,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(LONGEST_FIRST) + (group is None)
 
     items.sort(key=rank)  # stable: each module keeps its own order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the project's image builds now if a selected test needs them: they run while
+    other tests do, instead of in front of the first container test."""
+    if session.config.option.collectonly:
+        return
+    if any("images" in getattr(item, "fixturenames", ()) for item in session.items):
+        project_images.start_early(session.config)
 
 
 @pytest.fixture(scope="session")

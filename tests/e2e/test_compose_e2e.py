@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -36,12 +35,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+import project_images
+from project_images import MLFLOW_IMAGE, PIPELINE_IMAGE
 from support import LEARNED, REPO, Mirror, free_port, make_project, tiny_params, write_raw
 
-BUILD = REPO / "docker" / "standins" / "build.py"
 COMPOSE_FILE = REPO / "docker-compose.yml"
-PIPELINE_IMAGE = "parallel-lab-e2e/pipeline:test"
-MLFLOW_IMAGE = "parallel-lab-e2e/mlflow:test"
 # Files written by the container must belong to the owner of the repository, here a uid
 # that is neither 1000 (the old compose default) nor has an account in the image.
 HOST_UID = 4242
@@ -65,12 +63,7 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def setup_status() -> dict:
-    """What `make docker-setup` provided, as build.py reports it (it changes nothing)."""
-    proc = subprocess.run(
-        [sys.executable, str(BUILD), "status"], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, f"build.py status exited {proc.returncode}\n{proc.stderr}"
-    return json.loads(proc.stdout)
+    return project_images.setup_status()
 
 
 @pytest.fixture(scope="session")
@@ -98,57 +91,17 @@ def standins(engine, setup_status) -> dict[str, str]:
     return tags
 
 
-def docker_build(tag: str, context: Path, base: str, log: Path) -> subprocess.Popen:
-    # --network host: this machine reaches PyPI only through its own network setup. The
-    # legacy builder is asked for explicitly: it is what every Docker here has (no buildx).
-    return subprocess.Popen(
-        [
-            "docker",
-            "build",
-            "--network",
-            "host",
-            "--build-arg",
-            f"BASE_IMAGE={base}",
-            "-t",
-            tag,
-            str(context),
-        ],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "DOCKER_BUILDKIT": "0"},
-    )
-
-
 @pytest.fixture(scope="session")
-def images(standins, tmp_path_factory) -> dict:
-    """The project's own trainer and MLflow images, built from the real Dockerfiles on the
-    stand-ins, both at once; Docker's layer cache makes a repeat quick."""
-    logs = tmp_path_factory.mktemp("builds")
-    builds = {
-        MLFLOW_IMAGE: (
-            docker_build(
-                MLFLOW_IMAGE, REPO / "docker" / "mlflow", standins["python"], logs / "mlflow.log"
-            ),
-            logs / "mlflow.log",
-        ),
-        PIPELINE_IMAGE: (
-            docker_build(PIPELINE_IMAGE, REPO, standins["pytorch"], logs / "pipeline.log"),
-            logs / "pipeline.log",
-        ),
-    }
-    deadline = time.monotonic() + 900
-    failed = []
-    for tag, (proc, log) in builds.items():
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for other, _ in builds.values():
-                other.kill()
-            code = "timeout"
-        if code != 0:
-            failed.append(f"docker build {tag}: {code}\n{log.read_text()[-6000:]}")
-    assert not failed, "\n".join(failed)
-    return {**standins, "pipeline": PIPELINE_IMAGE, "mlflow": MLFLOW_IMAGE}
+def images(standins, request) -> dict:
+    """The project's trainer and MLflow images, built from the real Dockerfiles on the
+    stand-ins. Collection has usually started both builds already (tests/project_images.py);
+    Docker's layer cache makes a repeat quick."""
+    directory = project_images.build_dir(request.config)
+    project_images.start(directory, standins)  # a no-op where collection started them
+    failed = project_images.wait(directory, timeout=900)
+    assert not failed, "\n".join(failed)  # the build logs stay for a look
+    yield {**standins, "pipeline": PIPELINE_IMAGE, "mlflow": MLFLOW_IMAGE}
+    shutil.rmtree(directory)
 
 
 def compose_commands(setup_status: dict) -> dict[str, list[str]]:
