@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO
+from support import REPO, wait_for
 
 BUILD = REPO / "docker" / "standins" / "build.py"
 PIPELINE_IMAGE = "parallel-lab-e2e/pipeline:test"
@@ -48,12 +48,11 @@ def build_dir(config: pytest.Config) -> Path:
     return Path(tempfile.gettempdir()) / f"parallel-lab-image-builds-{run_id}"
 
 
-def builds(bases: dict[str, str]) -> dict[str, tuple[Path, str]]:
-    """tag -> (build context, BASE_IMAGE)"""
-    return {
-        MLFLOW_IMAGE: (REPO / "docker" / "mlflow", bases["python"]),
-        PIPELINE_IMAGE: (REPO, bases["pytorch"]),
-    }
+# tag -> (build context, which stand-in base it builds on)
+BUILDS = {
+    MLFLOW_IMAGE: (REPO / "docker" / "mlflow", "python"),
+    PIPELINE_IMAGE: (REPO, "pytorch"),
+}
 
 
 def files(directory: Path, tag: str) -> tuple[Path, Path, Path]:
@@ -69,14 +68,14 @@ def start(directory: Path, bases: dict[str, str]) -> None:
         directory.mkdir()
     except FileExistsError:
         return
-    for tag, (context, base) in builds(bases).items():
+    for tag, (context, base) in BUILDS.items():
         log, rc, pid = files(directory, tag)
         # --network host: this machine reaches PyPI only through its own network setup.
         # The legacy builder is asked for explicitly: every Docker here has it (no buildx).
-        command = ["docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}"]
+        build = f"BASE_IMAGE={bases[base]}", "-t", tag, str(context)
         proc = subprocess.Popen(
             ["sh", "-c", '"$@"; echo $? > "$RC.part" && mv "$RC.part" "$RC"', "sh"]
-            + [*command, "-t", tag, str(context)],
+            + ["docker", "build", "--network", "host", "--build-arg", *build],
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             env={**os.environ, "DOCKER_BUILDKIT": "0", "RC": str(rc)},
@@ -90,13 +89,13 @@ def wait(directory: Path, timeout: float) -> list[str]:
     the end of its log."""
     deadline = time.monotonic() + timeout
     failed = []
-    for tag in builds({"python": "", "pytorch": ""}):
+    for tag in BUILDS:
         log, rc, pid = files(directory, tag)
-        while not rc.exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if rc.exists():
+        try:
+            # at least one look: a build may have ended while another was waited for
+            wait_for(rc.exists, max(0.1, deadline - time.monotonic()), f"docker build {tag}")
             code = rc.read_text().strip()
-        else:
+        except AssertionError:
             code = f"still running after {timeout:.0f} s; stopped"
             try:
                 os.killpg(int(pid.read_text()), signal.SIGTERM)
