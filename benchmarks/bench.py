@@ -53,15 +53,16 @@ import torch.nn.functional as F
 
 from pipeline import strategies
 from pipeline.config import Config, flatten, load_config
-from pipeline.data.device_data import steps_per_epoch, to_device
+from pipeline.context import DistContext
+from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.data.loaders import torchvision_root
 from pipeline.results import EpochRow
 from pipeline.training.build import build_training
-from pipeline.training.context import DistContext
 from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
 from pipeline.training.model import build_model
 from pipeline.training.precision import build_precision, configure_backends, cpu_has_native_bf16
+from pipeline.training.session import job_plan
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -177,39 +178,27 @@ class ProjectRow:
     ):
         self.name, self.cfg, self.ctx = name, cfg, ctx
         torch.manual_seed(cfg.seed)
-        self.par, self.prec, self.loader, self.optimizer, self.loss_fn = build_training(
-            cfg, strategies.get(strategy), ctx, data, raw_dir
-        )
+        module = strategies.get(strategy)
+        plan = job_plan(cfg.train, module.FACTS, len(data.train_labels), ctx.world_size)
+        self.training = build_training(cfg, module, ctx, data, plan, raw_dir)
+        self.prec, self.loader = self.training.prec, self.training.loader
         self.precision = self.prec.name
         self.effective = (
             self.prec.name,
             self.loader.channels_last,
-            cfg.train.compile and self.par.forward is not None,
+            cfg.train.compile and self.training.forward is not None,
         )
-        self.samples = self.loader.steps * cfg.train.batch_size
+        self.samples = plan.samples_per_epoch
         self.totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
         self.stop = StopRequest()
-        self.notes = list(self.par.notes)
+        self.notes = list(self.training.notes)
         self.index, self.history = 0, list[EpochRow]()
         self.tracker = None if tracker_dir is None else start_tracker(cfg, ctx, name, tracker_dir)
 
     def epoch(self) -> float:
         configure_backends(self.prec, self.ctx.device)  # rows differ in process-wide flags
         start = time.perf_counter()
-        train_epoch(
-            self.par,
-            self.optimizer,
-            self.loader,
-            self.prec,
-            self.loss_fn,
-            self.cfg,
-            self.index,
-            0,
-            self.totals,
-            self.stop,
-            None,
-            0,
-        )
+        train_epoch(self.training, self.cfg.train, self.index, 0, self.totals, self.stop, None, 0)
         wait_for_device(self.ctx.device)
         loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
         self.totals.zero_()
@@ -448,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
         return load_config(REPO / "params.yaml", [*common, *extra])
 
     data = to_device(load_tensors(args.data), device, args.limit_train, None)
-    if steps_per_epoch(len(data.train_labels), args.batch_size) == 0:
+    if len(data.train_labels) < args.batch_size:
         sys.exit(f"--limit-train {args.limit_train} is smaller than --batch-size")
     raw_dir = args.data / "raw"
     label, info = machine(device)
@@ -508,7 +497,7 @@ def main(argv: list[str] | None = None) -> dict:
             "first_epoch_s": times[row.name][0],
             "samples_per_epoch": row.samples,
             "samples_per_s": rate,
-            "epoch_s_60k": steps_per_epoch(FULL_TRAIN, args.batch_size) * args.batch_size / rate,
+            "epoch_s_60k": FULL_TRAIN // args.batch_size * args.batch_size / rate,
             "speedup": statistics.median(  # throughput over the baseline's, round by round
                 (row.samples / a) / (base.samples / b)
                 for a, b in zip(timed[row.name], timed[base.name])

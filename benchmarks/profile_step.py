@@ -24,11 +24,12 @@ import torch.distributed as dist
 from benchmarks.bench import REPO, flops_per_image
 from pipeline import strategies
 from pipeline.config import load_config
+from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.training.build import build_training
-from pipeline.training.context import DistContext
 from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
+from pipeline.training.session import job_plan
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,18 +62,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         try:
             torch.manual_seed(cfg.seed)
-            par, prec, loader, optimizer, loss_fn = build_training(
-                cfg, strategies.get(args.strategy), ctx, data
-            )
+            strategy = strategies.get(args.strategy)
+            plan = job_plan(cfg.train, strategy.FACTS, len(data.train_labels), 1)
+            training = build_training(cfg, strategy, ctx, data, plan)
+            loader = training.loader
             totals = torch.zeros(3, device=device, dtype=torch.float64)
             stop = StopRequest()
 
             def steps(n: int, start: int) -> None:
                 # train_epoch over a slice of the epoch: the loader's steps start..start+n
                 loader.steps, real = start + n, loader.steps
-                train_epoch(
-                    par, optimizer, loader, prec, loss_fn, cfg, 0, start, totals, stop, None, 0
-                )
+                train_epoch(training, cfg.train, 0, start, totals, stop, None, 0)
                 loader.steps = real
 
             steps(args.warmup, 0)
@@ -88,9 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             # a second, unprofiled pass: the profiler's own overhead inflates the first
             loader.steps = args.warmup + args.steps
             start = time.perf_counter()
-            train_epoch(
-                par, optimizer, loader, prec, loss_fn, cfg, 1, args.warmup, totals, stop, None, 0
-            )
+            train_epoch(training, cfg.train, 1, args.warmup, totals, stop, None, 0)
             wait_for_device(device)
             plain = (time.perf_counter() - start) / args.steps
         finally:
@@ -100,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6 / args.steps if cuda else None
     flops = flops_per_image(cfg.model.width) * batch
-    print(f"{args.strategy} {' '.join(args.set)} | batch {batch} | notes: {'; '.join(par.notes)}")
+    print(
+        f"{args.strategy} {' '.join(args.set)} | batch {batch} | notes: {'; '.join(training.notes)}"
+    )
     print(
         f"step: {1e3 * plain:.2f} ms unprofiled, {1e3 * wall:.2f} ms profiled; "
         f"{flops / plain / 1e12:.1f} TFLOP/s; kernels per step: "

@@ -1,35 +1,68 @@
 """The command line every stage shares: `python -m pipeline.<command> [--help] [key=value ...]`.
 
-`--help` prints what the command does and exits; anything the parser refuses is a `UserError`
-(one line, exit code 2), like any other bad input.
+`--help` prints what the command does and exits; `--params SECTION` prints the defaults and
+meanings of one params.yaml section (pipeline/config.py's docstrings) and exits. Anything the
+parser refuses is a `UserError` (one line, exit code 2), like any other bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional
+from typing import Any, Optional
 
+from pipeline.config import describe
 from pipeline.errors import UserError
 
 OVERRIDES_HELP = (
     "params.yaml values for this run only, e.g. train.epochs=2 model.width=8 "
-    "(the schema, with a comment per key: pipeline/config.py)"
+    "(each key's default and meaning: --params SECTION)"
+)
+PARAMS_HELP = (
+    "print the default and meaning of every key of one params.yaml section "
+    "(e.g. train, or a top-level key such as devices) and exit"
 )
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        usage = self.format_usage().strip().removeprefix("usage: ").replace("[-h] ", "")
+        usage = " ".join(self.format_usage().split()[1:])  # one line, without the options
+        usage = usage.replace("[-h] ", "").replace("[--params SECTION] ", "")
         raise UserError(f"usage: {usage} ({message})")
 
 
+class _PrintParams(argparse.Action):
+    """`--params SECTION`: print that section's keys and exit, before the required
+    arguments are checked (like --help). An unknown section raises `ConfigError`."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: Any,
+        values: Any,
+        option_string: Optional[str] = None,
+    ) -> None:
+        text = describe(values)
+        print(text, end="", flush=True)
+        parser.exit(0)
+
+
 def parse_args(
-    module: str, doc: Optional[str], argv: Optional[list[str]], strategy_names: tuple[str, ...] = ()
+    module: str,
+    doc: Optional[str],
+    argv: Optional[list[str]],
+    strategy_names: tuple[str, ...] = (),
+    params_help: bool = False,
 ) -> argparse.Namespace:
     """`overrides` (key=value strings) and, when `strategy_names` is given, `strategy`.
-    The help text is the module docstring."""
+    The help text is the module docstring, followed with `params_help` by every params.yaml
+    key's default and meaning."""
     summary, _, details = (doc or "").strip().partition("\n\n")
+    if params_help:
+        details += (
+            "\n\nparams.yaml keys, each with its default and meaning (override any as "
+            "key=value;\none section only: --params SECTION):\n\n" + describe()
+        )
     parser = _Parser(
         prog=f"python -m {module}",
         description=summary,
@@ -41,6 +74,7 @@ def parse_args(
             "strategy", metavar="STRATEGY", help=f"one of: {', '.join(strategy_names)}"
         )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
+    parser.add_argument("--params", metavar="SECTION", action=_PrintParams, help=PARAMS_HELP)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if strategy_names and "=" in args.strategy:
         parser.error(f"the first argument is the strategy, got {args.strategy!r}")

@@ -18,8 +18,9 @@ from pipeline.reporting.compare import compare
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
-    args = parse_args("pipeline.compare", __doc__, argv)
-    print(compare(load_config("params.yaml", args.overrides)), end="")
+    args = parse_args("pipeline.compare", __doc__, argv, params_help=True)
+    cfg = load_config("params.yaml", args.overrides)
+    print(compare(cfg.strategies, cfg.report, cfg.mlflow), end="")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pipeline.errors import exit_on_user_error
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
-    args = parse_args("pipeline.fetch", __doc__, argv)
+    args = parse_args("pipeline.fetch", __doc__, argv, params_help=True)
     cfg = load_config("params.yaml", args.overrides)
     tensors = fetch(cfg.data)
     sizes = {k: tuple(v.shape) for k, v in tensors.items() if k.endswith("images")}

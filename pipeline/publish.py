@@ -16,6 +16,7 @@ from typing import Optional
 from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import UserError, exit_on_user_error, first_line
+from pipeline.strategies import check_names
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
@@ -23,6 +24,7 @@ from pipeline.tracking.store import check_tracking_uri, tracking_uri
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args("pipeline.publish", __doc__, argv)
     cfg = load_config("params.yaml", args.overrides)
+    check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())
     # Imported once the command line is read: it loads torch (checkpoint records), which
     # --help and bad input need not wait for.

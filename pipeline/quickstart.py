@@ -22,14 +22,16 @@ from typing import Optional
 from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import USER_ERROR_EXIT, UserError, exit_on_user_error
+from pipeline.strategies import check_names
 
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
-    args = parse_args("pipeline.quickstart", __doc__, argv)
+    args = parse_args("pipeline.quickstart", __doc__, argv, params_help=True)
     cfg = load_config("params.yaml", args.overrides)
     overrides = [*cfg.quick, *args.overrides]
     load_config("params.yaml", overrides)  # the quick overrides themselves are valid
+    check_names(cfg.strategies)
     started = time.monotonic()
     steps = [
         ["pipeline.fetch"],

@@ -25,7 +25,7 @@ from pipeline.strategies import NAMES
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
-    args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES)
+    args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES, params_help=True)
     # Imported once the command line is read: torch and the training code take seconds to
     # load, which --help and a mistyped strategy need not wait for.
     from pipeline.training import launcher

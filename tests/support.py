@@ -18,6 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -328,3 +329,27 @@ class MlflowServer:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+
+def batch_plan(cfg: Any, data_world: int = 1) -> Any:
+    """The BatchPlan a strategy gets for `cfg` (its train section), without a data set."""
+    from pipeline.batch_plan import BatchPlan
+
+    plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
+    return plan.over(data_world, "test") if data_world > 1 else plan
+
+
+def strategy_nproc(strategy: Any, cfg: Any, n_gpus: int) -> int:
+    """strategy.nproc as the launcher calls it: its own section and the one-process plan."""
+    return strategy.nproc(getattr(cfg, strategy.FACTS.name), batch_plan(cfg), n_gpus)
+
+
+def parallelize(strategy: Any, model: Any, cfg: Any, ctx: Any) -> Any:
+    """strategy.parallelize as build_training calls it (the run's precision's autocast)."""
+    from pipeline.training.precision import build_precision
+
+    world = ctx.world_size if strategy.FACTS.data_parallel else 1
+    autocast = build_precision(cfg.train.precision, ctx.device).autocast
+    return strategy.parallelize(
+        model, getattr(cfg, strategy.FACTS.name), batch_plan(cfg, world), ctx, autocast
+    )

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.batch_plan import BatchPlan
+
 # Fashion-MNIST training-set pixel statistics (on the 0..1 scale).
 MEAN, STD = 0.2860, 0.3530
 
@@ -59,23 +61,13 @@ def epoch_permutation(seed: int, epoch: int, n: int, device: torch.device) -> to
     return torch.randperm(n, generator=generator, device=device)
 
 
-def steps_per_epoch(n_train: int, batch_size: int) -> int:
-    return n_train // batch_size
-
-
 def micro_batch_indices(
-    order: torch.Tensor,
-    step: int,
-    micro: int,
-    batch_size: int,
-    grad_accum: int,
-    rank: int,
-    world: int,
+    order: torch.Tensor, step: int, micro: int, plan: BatchPlan, rank: int
 ) -> torch.Tensor:
-    """Indices this data-parallel rank trains on in micro-step `micro` of optimizer step `step`."""
-    micro_size = batch_size // grad_accum
-    start = step * batch_size + micro * micro_size
-    return order[start : start + micro_size][rank::world]
+    """Rows of `order` that data-parallel rank `rank` trains on in micro-step `micro` of
+    optimizer step `step`: its strided share of the micro-batch."""
+    start = step * plan.batch_size + micro * plan.micro
+    return order[start : start + plan.micro][rank :: plan.data_world]
 
 
 def eval_shard(n: int, rank: int, world: int, batch: int) -> tuple[list[torch.Tensor], list[int]]:

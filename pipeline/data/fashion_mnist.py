@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.config import FASHION_MNIST_MD5, FASHION_MNIST_MIRRORS
 from pipeline.errors import UserError
 
-# torchvision.datasets.FashionMNIST.mirrors / .resources (tests check they still agree).
-MIRRORS = ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"]
-MD5 = {
-    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
-    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
-    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
-}
+MIRRORS = FASHION_MNIST_MIRRORS  # the defaults of data.mirrors and data.md5
+MD5 = FASHION_MNIST_MD5
 FILES = {  # train/test -> (images file, labels file)
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -30,3 +25,16 @@ def load_tensors(data_dir: Path = DATA_DIR) -> dict:
     if not path.exists():
         raise UserError(f"{path}: not found; run the fetch stage first (dvc repro fetch)")
     return torch.load(path, weights_only=True)
+
+
+def train_samples(limit_train: int | None, data_dir: Path = DATA_DIR) -> int:
+    """How many training samples a run draws from: the fetched set, cut to data.limit_train.
+    Memory-mapped: only the tensor's header is read, so the launcher can plan the batch before
+    any worker loads the data."""
+    import torch
+
+    path = data_dir / TENSORS
+    if not path.exists():
+        raise UserError(f"{path}: not found; run the fetch stage first (dvc repro fetch)")
+    n = len(torch.load(path, weights_only=True, mmap=True)["train_labels"])
+    return min(n, limit_train) if limit_train is not None else n

@@ -31,11 +31,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import Config
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import DataConfig
 from pipeline.data.device_data import (
     MEAN,
     STD,
@@ -43,7 +45,6 @@ from pipeline.data.device_data import (
     epoch_permutation,
     micro_batch_indices,
     normalize,
-    steps_per_epoch,
 )
 from pipeline.data.fashion_mnist import DATA_DIR, FILES
 
@@ -61,15 +62,18 @@ class Batches:
 
     def __init__(
         self,
-        cfg: Config,
+        options: DataConfig,
+        seed: int,
+        plan: BatchPlan,
         rank: int,
-        world: int,
         dtype: torch.dtype,
         channels_last: bool,
         device: torch.device,
     ):
-        self.cfg, self.rank, self.world = cfg, rank, world
+        """`rank`: which of the plan's `data_world` shares of each micro-batch this one is."""
+        self.options, self.seed, self.plan, self.rank = options, seed, plan, rank
         self.dtype, self.channels_last, self.device = dtype, channels_last, device
+        self.steps = plan.steps
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
         raise NotImplementedError
@@ -80,27 +84,22 @@ class Batches:
 
 
 class DeviceBatches(Batches):
-    def __init__(self, data: DeviceData, *args):
+    def __init__(self, data: DeviceData, *args: Any):
         super().__init__(*args)
         self.data = data
-        self.steps = steps_per_epoch(len(data.train_labels), self.cfg.train.batch_size)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
-        cfg = self.cfg
-        n = len(self.data.train_labels)
+        n, augment, batch = len(self.data.train_labels), self.options.augment, self.plan
         # one row per position of the epoch's order: [sample index, crop dy, crop dx, flip]
-        plan = epoch_permutation(cfg.seed, epoch, n, self.device)[:, None]
-        if cfg.data.augment:
-            plan = torch.cat([plan, augment_plan(cfg.seed, epoch, n, self.device)], 1)
-        accum = cfg.train.grad_accum
+        order = epoch_permutation(self.seed, epoch, n, self.device)[:, None]
+        if augment:
+            order = torch.cat([order, augment_plan(self.seed, epoch, n, self.device)], 1)
         for step in range(start_step, self.steps):
             micro_batches = []
-            for micro in range(accum):
-                rows = micro_batch_indices(
-                    plan, step, micro, cfg.train.batch_size, accum, self.rank, self.world
-                )
+            for micro in range(batch.grad_accum):
+                rows = micro_batch_indices(order, step, micro, batch, self.rank)
                 images = self.data.train_images[rows[:, 0]]
-                if cfg.data.augment:
+                if augment:
                     images = crop_flip(images, rows[:, 1:3], rows[:, 3].bool())
                 micro_batches.append((self.prepare(images), self.data.train_labels[rows[:, 0]]))
             yield step, micro_batches
@@ -133,13 +132,13 @@ def to_model_input(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 
 
 class DataLoaderBatches(Batches):
-    def __init__(self, *args, raw_dir: Path = DATA_DIR / "raw"):
+    def __init__(self, *args: Any, raw_dir: Path = DATA_DIR / "raw"):
         from torchvision import datasets, transforms
 
         super().__init__(*args)
         augment = (
             [transforms.RandomCrop(SIZE, padding=PAD), transforms.RandomHorizontalFlip()]
-            if self.cfg.data.augment
+            if self.options.augment
             else []
         )
         transform = transforms.Compose(
@@ -150,39 +149,39 @@ class DataLoaderBatches(Batches):
             dataset = datasets.FashionMNIST(
                 torchvision_root(raw_dir, Path(root)), train=True, transform=transform
             )
-        n = min(len(dataset), self.cfg.data.limit_train or len(dataset))
-        self.dataset = torch.utils.data.Subset(dataset, range(n))
-        self.steps = steps_per_epoch(n, self.cfg.train.batch_size)
+        n_train = self.plan.n_train
+        assert n_train is not None  # self.steps has been read: the plan knows it
+        self.dataset = torch.utils.data.Subset(dataset, range(n_train))
 
     def rank_order(self, epoch: int) -> list[int]:
         """This rank's sample indices for the epoch, in the order it trains on them."""
         sampler: torch.utils.data.Sampler[int]
-        if self.world > 1:
+        if self.plan.data_world > 1:
             sampler = torch.utils.data.DistributedSampler(
                 self.dataset,
-                num_replicas=self.world,
+                num_replicas=self.plan.data_world,
                 rank=self.rank,
                 shuffle=True,
-                seed=self.cfg.seed,
+                seed=self.seed,
                 drop_last=True,
             )
             sampler.set_epoch(epoch)
         else:
             generator = torch.Generator()
-            generator.manual_seed(self.cfg.seed + epoch)  # DistributedSampler's seeding
+            generator.manual_seed(self.seed + epoch)  # DistributedSampler's seeding
             sampler = torch.utils.data.RandomSampler(self.dataset, generator=generator)
         return list(sampler)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
-        train = self.cfg.train
-        per_step = train.batch_size // self.world  # this rank's samples per optimizer step
+        plan = self.plan
+        per_step = plan.per_rank * plan.grad_accum  # this rank's samples per optimizer step
         order = self.rank_order(epoch)[start_step * per_step : self.steps * per_step]
         on_cuda = self.device.type == "cuda"
         loader = torch.utils.data.DataLoader(
             self.dataset,
-            batch_size=per_step // train.grad_accum,
+            batch_size=plan.per_rank,
             sampler=order,
-            num_workers=self.cfg.data.workers,
+            num_workers=self.options.workers,
             pin_memory=on_cuda,
             drop_last=True,
         )
@@ -190,7 +189,7 @@ class DataLoaderBatches(Batches):
             (self.prepare_float(x), y.to(self.device, non_blocking=on_cuda)) for x, y in loader
         )
         for step in range(start_step, self.steps):
-            yield step, list(itertools.islice(micro, train.grad_accum))
+            yield step, list(itertools.islice(micro, plan.grad_accum))
 
     def prepare_float(self, x: torch.Tensor) -> torch.Tensor:
         """A normalised fp32 batch from the DataLoader -> the model's input on the device."""
@@ -212,16 +211,18 @@ def torchvision_root(raw_dir: Path, root: Path) -> Path:
 
 def make_batches(
     data: DeviceData,
-    cfg: Config,
+    options: DataConfig,
+    seed: int,
+    plan: BatchPlan,
     rank: int,
-    world: int,
     dtype: torch.dtype,
     channels_last: bool,
     device: torch.device,
     raw_dir: Path = DATA_DIR / "raw",
 ) -> Batches:
-    """`raw_dir`: the fetched IDX files, which the dataloader path reads through torchvision."""
-    place = (cfg, rank, world, dtype, channels_last, device)
-    if cfg.data.loader == "device":
+    """`rank`: this process's share of each micro-batch (plan.data_rank). `raw_dir`: the
+    fetched IDX files, which the dataloader path reads through torchvision."""
+    place = (options, seed, plan, rank, dtype, channels_last, device)
+    if options.loader == "device":
         return DeviceBatches(data, *place)
     return DataLoaderBatches(*place, raw_dir=raw_dir)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import MlflowConfig, ReportConfig
 from pipeline.files import atomic_write
 from pipeline.reporting import table
 from pipeline.reporting.pages import html_page, markdown_page
 from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.results import read_history, read_summary
-from pipeline.strategies import NAMES
+from pipeline.strategies import NAMES, check_names
 from pipeline.tracking.comparison import close_comparison, open_comparison
 from pipeline.tracking.provenance import base_tags
 from pipeline.tracking.publish import current_run_id
@@ -38,22 +38,23 @@ CHILD_METRICS = (
 REPORT_FILES = ("index.html", "summary.md", "summary.json", "accuracy.csv", *PLOTS)
 
 
-def compare(cfg: Config) -> str:
-    """Write reports/ and group the runs in MLflow; returns the table as markdown and the
-    MLflow page that shows the runs side by side."""
-    target = cfg.report.target_accuracy
-    results = [read_summary(name) for name in cfg.strategies]
-    histories = {name: read_history(name) for name in cfg.strategies}
+def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig) -> str:
+    """Write reports/ for the strategies `names` and group their runs in MLflow; returns the
+    table as markdown and the MLflow page that shows the runs side by side."""
+    check_names(names)
+    target = report.target_accuracy
+    results = [read_summary(name) for name in names]
+    histories = {name: read_history(name) for name in names}
     rows = table.comparison_rows(results, histories, target)
     REPORTS.mkdir(exist_ok=True)
     for row, result in zip(rows, results):  # the runs as the store MLflow points at holds them
         row["mlflow_run_id"] = current_run_id(result.strategy, result.fingerprint)
     children = [r["mlflow_run_id"] for r in rows if r["mlflow_run_id"]]
     mlflow = open_comparison(
-        cfg.mlflow.experiment,
+        mlflow_options.experiment,
         children,
-        {**base_tags(), "dvc_stage": "compare", "strategies": ",".join(cfg.strategies)},
-        {"strategies": ",".join(cfg.strategies), "report.target_accuracy": target},
+        {**base_tags(), "dvc_stage": "compare", "strategies": ",".join(names)},
+        {"strategies": ",".join(names), "report.target_accuracy": target},
     )
 
     atomic_write(REPORTS / "summary.json", json.dumps(table.summary_json(rows), indent=2) + "\n")

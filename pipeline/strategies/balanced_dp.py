@@ -26,28 +26,34 @@ from torch import nn
 from torch.nn.parallel import parallel_apply
 from torch.nn.parallel._functions import Scatter
 
-from pipeline.config import Config
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import BalancedDpConfig
+from pipeline.context import DistContext
 from pipeline.errors import UserError
 from pipeline.strategies import gpu0_autotune
-from pipeline.strategies.base import Parallel
+from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts
 from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
 from pipeline.strategies.dp import batchnorm_note, device_names, split_note
 from pipeline.strategies.replica_autocast import AutocastDataParallel, keep_autocast
-from pipeline.training.context import DistContext
-from pipeline.training.precision import build_precision
 
-NAME = "balanced_dp"
+FACTS = StrategyFacts(
+    name="balanced_dp",
+    options=BalancedDpConfig,
+    spans_nodes=False,
+    data_parallel=False,
+    shaping_keys=("gpu0_bsz",),
+)
 
 
-def nproc(cfg: Config, n_gpus: int) -> int:
-    gpu0_per_forward(cfg)  # refuses a gpu0_bsz the step's forwards cannot share
+def nproc(options: BalancedDpConfig, plan: BatchPlan, n_gpus: int) -> int:
+    gpu0_per_forward(options, plan)  # refuses a gpu0_bsz the step's forwards cannot share
     return 1  # one process drives all devices
 
 
-def gpu0_per_forward(cfg: Config) -> Optional[int]:
+def gpu0_per_forward(options: BalancedDpConfig, plan: BatchPlan) -> Optional[int]:
     """GPU 0's samples in each forward: balanced_dp.gpu0_bsz (per optimizer step) divided
     over the train.grad_accum forwards of the step. None: an even split (or auto, unresolved)."""
-    gpu0_bsz, batch, accum = cfg.balanced_dp.gpu0_bsz, cfg.train.batch_size, cfg.train.grad_accum
+    gpu0_bsz, batch, accum = options.gpu0_bsz, plan.batch_size, plan.grad_accum
     if gpu0_bsz is None or gpu0_bsz == gpu0_autotune.AUTO:
         return None
     if gpu0_bsz > batch:
@@ -64,42 +70,46 @@ def gpu0_per_forward(cfg: Config) -> Optional[int]:
     return gpu0_bsz // accum
 
 
-def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
-    gpu0_bsz = gpu0_per_forward(cfg)
+def parallelize(
+    model: nn.Sequential,
+    options: BalancedDpConfig,
+    plan: BatchPlan,
+    ctx: DistContext,
+    autocast: Autocast,
+) -> DataParallelRun:
+    gpu0_bsz = gpu0_per_forward(options, plan)
     n_gpus = len(ctx.gpus)
     device_ids = list(range(n_gpus))
-    accum = cfg.train.grad_accum
-    micro = cfg.train.batch_size // accum
+    micro = plan.micro
     auto_notes: list[str] = []
     chosen = {}
-    if cfg.balanced_dp.gpu0_bsz == gpu0_autotune.AUTO:  # measured once, on a model copy
+    if options.gpu0_bsz == gpu0_autotune.AUTO:  # measured once, on a model copy
         gpu0_bsz, auto_notes = gpu0_autotune.resolve_gpu0_bsz(
             model,
             micro,
             n_gpus,
             ctx.on_cuda,
             wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
-            autocast=build_precision(cfg.train.precision, ctx.device).autocast,
-            accum=accum,
+            autocast=autocast,
+            accum=plan.grad_accum,
         )
-        chosen = {"balanced_dp.gpu0_bsz_chosen": None if gpu0_bsz is None else gpu0_bsz * accum}
+        per_step = None if gpu0_bsz is None else gpu0_bsz * plan.grad_accum
+        chosen = {"balanced_dp.gpu0_bsz_chosen": per_step}
     balanced = BalancedDataParallel(model, gpu0_bsz, device_ids=device_ids)
     split = balanced_split(micro, max(n_gpus, 1), gpu0_bsz)
     devices = device_names(ctx)
-    notes = [split_note(NAME, micro, split, devices), *auto_notes]
-    if (note := batchnorm_note(NAME, split)) is not None:
+    notes = [split_note(FACTS.name, micro, split, devices), *auto_notes]
+    if (note := batchnorm_note(FACTS.name, split)) is not None:
         notes.append(note)
     if len(devices) == 1 and gpu0_bsz is not None:
-        notes.append(f"balanced_dp.gpu0_bsz={cfg.balanced_dp.gpu0_bsz} has no effect on one device")
-    return Parallel(
+        notes.append(f"balanced_dp.gpu0_bsz={options.gpu0_bsz} has no effect on one device")
+    return DataParallelRun(
         module=model,
         forward=balanced,
-        data_rank=0,
-        data_world=1,
         writer=True,
         devices=devices,
         batch_split=split,
-        notes=notes,
+        notes=tuple(notes),
         params=chosen,
     )
 

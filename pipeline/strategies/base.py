@@ -1,83 +1,121 @@
-"""What every strategy module provides (`Strategy`), and what it hands the shared training
-loop (`Parallel`).
+"""What every strategy module declares (`StrategyFacts`) and provides (`Strategy`), and the two
+kinds of result it hands the shared training loop (`DataParallelRun`, `PipelinedRun`).
 
-A strategy module (one per file in this package, named in `pipeline.strategies.NAMES`) exposes:
+A strategy module (one per file in this package, named in `pipeline.strategies.NAMES`) has:
 
-    NAME: str
-    def nproc(cfg: Config, n_gpus: int) -> int
-        processes torchrun must start; raises UserError if the strategy cannot run as asked
-    def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
+    FACTS: StrategyFacts
+        its facts, stated once: its params section, whether it spans nodes, its capabilities,
+        and the keys of its section that change what a run computes
+    def nproc(options, plan: BatchPlan, n_gpus: int) -> int
+        processes torchrun must start, given its own params section, the batch as one
+        process trains it, and the GPUs chosen (0: the CPU); raises UserError if the
+        strategy cannot run as asked
+    def parallelize(model, options, plan: BatchPlan, ctx: DistContext, autocast) -> Run
         applies the parallelism to the plain model (the six blocks of
-        pipeline.training.model.resnet18), already on ctx.device
+        pipeline.training.model.resnet18), already on ctx.device; `plan` is the batch over
+        this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory)
 
-The loop (pipeline/training/loop.py) drives every strategy through `Parallel` and branches on
-its capabilities (`pipeline_step`, `data_world`, ...), never on strategy names.
+The loop (pipeline/training/loop.py) branches on the type of the result, never on names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline.config import Config
-from pipeline.training.context import DistContext
+from pipeline.batch_plan import BatchPlan
+from pipeline.context import DistContext
+
+Autocast = Callable[[], ContextManager]
 
 
-class Strategy(Protocol):
-    NAME: str
+@dataclass(frozen=True)
+class StrategyFacts:
+    name: str  # the strategy's name, its module's and its params section's
+    options: type  # the dataclass of its params section (pipeline/config.py)
+    # its world is processes per node x nodes (else it runs on one node)
+    spans_nodes: bool
+    # each rank trains a share of every micro-batch: the plan's data_world is the world size
+    data_parallel: bool
+    # keys of its own section that change what a run computes, and so its identity
+    # (pipeline/training/identity.py); the others only place the run (e.g. nproc: the
+    # world size, which the identity holds anyway)
+    shaping_keys: tuple[str, ...] = ()
+    # torch.compile may replay its forward/backward as CUDA graphs (reduce-overhead)
+    cuda_graphs: bool = True
+    # its parameters are sharded DTensors, which must stay contiguous: no channels_last
+    sharded_parameters: bool = False
 
-    def nproc(self, cfg: Config, n_gpus: int) -> int: ...
 
-    def parallelize(self, model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel: ...
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    module: nn.Module  # holds the parameters this rank's optimizer updates
+    writer: bool  # this process logs to MLflow and writes results/ (exactly one does)
+    devices: list[str]  # devices this run computes on, e.g. ["cuda:0", "cuda:1"] or ["cpu"]
+    batch_split: list[int]  # samples each device gets per forward of one micro-batch
+    # the whole model's state_dict on the writer (a collective where the model is split);
+    # None: the module's own
+    full_state_dict: Optional[Callable[[], dict]] = None
+    notes: tuple[str, ...] = ()  # facts for the record, e.g. "dp on 1 device: runs unsplit"
+    # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        if self.full_state_dict is not None:
+            return self.full_state_dict()
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
 
 
 def _always_reduce(_: bool) -> ContextManager:
     return nullcontext()
 
 
-@dataclass
-class Parallel:
-    module: nn.Module  # holds the parameters this rank's optimizer updates
-    # images -> logits on the writer's device; None when the strategy is pipelined
-    forward: Optional[Callable[[torch.Tensor], torch.Tensor]]
-    data_rank: int  # which share of each micro-batch this rank trains on ...
-    data_world: int  # ... out of this many (1 = the whole micro-batch)
-    writer: bool  # this process logs to MLflow and writes results/ (exactly one does)
-    devices: list[str]  # devices this run computes on, e.g. ["cuda:0", "cuda:1"] or ["cpu"]
-    batch_split: list[int]  # samples each device gets per forward of one micro-batch
+@dataclass(frozen=True, kw_only=True)
+class DataParallelRun(_Run):
+    """Every rank runs the whole model on its share of each micro-batch; the loop computes
+    the loss from the logits and calls backward."""
+
+    forward: Callable[[torch.Tensor], torch.Tensor]  # images -> logits on the writer's device
     # reduce_grads_if(is_last_micro_step): context for a micro-step's backward; with gradient
-    # accumulation, gradients are reduced across ranks only in the last one's.
+    # accumulation, gradients are reduced across ranks only in the last one's
     reduce_grads_if: Callable[[bool], ContextManager] = _always_reduce
-    # pipelined strategies: (images, labels, training) -> logits on the loss-holding rank,
-    # None elsewhere; runs forward (and backward when training) through the schedule.
-    pipeline_step: Optional[
-        Callable[[torch.Tensor, torch.Tensor, bool], Optional[torch.Tensor]]
-    ] = None
-    # the whole model's state_dict on the writer (a collective where the model is split)
-    full_state_dict: Optional[Callable[[], dict]] = None
-    # facts for the record, e.g. "dp on 1 device: runs unsplit"
-    notes: list[str] = field(default_factory=list)
-    # an eval batch size the strategy needs (pipelines keep their training shapes)
-    eval_batch_size: Optional[int] = None
-    # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
-    params: dict = field(default_factory=dict)
-    # whether torch.compile may replay the forward/backward as CUDA graphs (reduce-overhead)
-    cuda_graphs: bool = True
     # called on every rank before each evaluation: ranks whose BatchNorm buffers drifted
     # apart take the writer's, so the reported test accuracy is that of the saved model
     before_eval: Callable[[], None] = lambda: None
 
-    def state_dict(self) -> dict:
-        if self.full_state_dict is not None:
-            return self.full_state_dict()
-        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+@dataclass(frozen=True, kw_only=True)
+class PipelinedRun(_Run):
+    """The model is cut into stages; a schedule runs forward and backward through them."""
+
+    # (images, labels, training) -> logits on the loss-holding rank, None elsewhere
+    step: Callable[[torch.Tensor, torch.Tensor, bool], Optional[torch.Tensor]]
+    eval_batch_size: int  # the schedule keeps its training shapes in evaluation too
+
+
+Run = Union[DataParallelRun, PipelinedRun]
+
+
+class Strategy(Protocol):
+    FACTS: StrategyFacts
+
+    def nproc(self, options: Any, plan: BatchPlan, n_gpus: int) -> int: ...
+
+    def parallelize(
+        self,
+        model: nn.Sequential,
+        options: Any,
+        plan: BatchPlan,
+        ctx: DistContext,
+        autocast: Autocast,
+    ) -> Run: ...
 
 
 def writer_buffers(model: nn.Module, writer_rank: int = 0) -> Callable[[], None]:

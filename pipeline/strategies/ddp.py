@@ -7,37 +7,40 @@ micro-step all-reduces (`no_sync` on the others).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipeline.config import Config
-from pipeline.errors import UserError
-from pipeline.strategies.base import Parallel, gpu_count_or_nproc, writer_buffers
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import DdpConfig
+from pipeline.context import DistContext
+from pipeline.strategies.base import (
+    Autocast,
+    DataParallelRun,
+    StrategyFacts,
+    gpu_count_or_nproc,
+    writer_buffers,
+)
 from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
-from pipeline.training.context import DistContext
 
-NAME = "ddp"
-
-
-def nproc(cfg: Config, n_gpus: int) -> int:
-    world = gpu_count_or_nproc(n_gpus, cfg.ddp.nproc)
-    check_divisible(cfg, world, "ddp")
-    return world
-
-
-def check_divisible(cfg: Config, world: int, name: str) -> None:
-    step = world * cfg.train.grad_accum
-    if cfg.train.batch_size % step:
-        raise UserError(
-            f"train.batch_size: got {cfg.train.batch_size}, {name} needs a multiple "
-            f"of processes x train.grad_accum = {world} x {cfg.train.grad_accum}"
-        )
+FACTS = StrategyFacts(
+    name="ddp",
+    options=DdpConfig,
+    spans_nodes=True,
+    data_parallel=True,
+    shaping_keys=("sync_bn",),
+)
 
 
-def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
-    if cfg.ddp.sync_bn:
+def nproc(options: DdpConfig, plan: BatchPlan, n_gpus: int) -> int:
+    return gpu_count_or_nproc(n_gpus, options.nproc)
+
+
+def parallelize(
+    model: nn.Sequential, options: DdpConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
+) -> DataParallelRun:
+    if options.sync_bn:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
     device_ids = [ctx.device.index] if ctx.on_cuda else None
     # DDP's defaults on purpose: static_graph=True fails on the first no_sync() step of
@@ -45,19 +48,16 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
     # broadcast_buffers=False, pointless work saved under SyncBN, warns as deprecated.
     ddp = DDP(model, device_ids=device_ids)
 
-    def reduce_grads_if(is_last: bool):
+    def reduce_grads_if(is_last: bool) -> AbstractContextManager:
         return nullcontext() if is_last else ddp.no_sync()
 
-    per_rank = cfg.train.batch_size // cfg.train.grad_accum // ctx.world_size
-    return Parallel(
+    return DataParallelRun(
         module=ddp,
         forward=ddp,
-        data_rank=ctx.rank,
-        data_world=ctx.world_size,
         writer=ctx.is_main,
         devices=ctx.devices_of_ranks(),
-        batch_split=[per_rank] * ctx.world_size,
+        batch_split=[plan.per_rank] * ctx.world_size,
         reduce_grads_if=reduce_grads_if,
         full_state_dict=lambda: {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        before_eval=(lambda: None) if cfg.ddp.sync_bn else writer_buffers(model),
+        before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
     )

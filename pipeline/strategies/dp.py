@@ -21,40 +21,37 @@ from itertools import zip_longest
 
 from torch import nn
 
-from pipeline.config import Config
-from pipeline.strategies.base import Parallel
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import DpConfig
+from pipeline.context import DistContext
+from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts
 from pipeline.strategies.batch_split import dp_split
 from pipeline.strategies.replica_autocast import AutocastDataParallel
-from pipeline.training.context import DistContext
 
-NAME = "dp"
+FACTS = StrategyFacts(name="dp", options=DpConfig, spans_nodes=False, data_parallel=False)
 
 
-def nproc(cfg: Config, n_gpus: int) -> int:
+def nproc(options: DpConfig, plan: BatchPlan, n_gpus: int) -> int:
     return 1  # one process drives all devices
 
 
-def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
+def parallelize(
+    model: nn.Sequential, options: DpConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
+) -> DataParallelRun:
     n_gpus = len(ctx.gpus)
     data_parallel = AutocastDataParallel(model, device_ids=list(range(n_gpus)))
-    micro = cfg.train.batch_size // cfg.train.grad_accum
-    split = dp_split(micro, max(n_gpus, 1))
+    split = dp_split(plan.micro, max(n_gpus, 1))
     devices = device_names(ctx)
+    notes = (split_note(FACTS.name, plan.micro, split, devices), batchnorm_note(FACTS.name, split))
     # `module` is the plain model: it holds the parameters and its state_dict has no
     # "module." prefix, so results/dp/model.pt compares key for key with single's.
-    return Parallel(
+    return DataParallelRun(
         module=model,
         forward=data_parallel,
-        data_rank=0,
-        data_world=1,
         writer=True,
         devices=devices,
         batch_split=split,
-        notes=[
-            note
-            for note in (split_note(NAME, micro, split, devices), batchnorm_note(NAME, split))
-            if note
-        ],
+        notes=tuple(note for note in notes if note),
     )
 
 

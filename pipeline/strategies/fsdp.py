@@ -13,34 +13,49 @@ optimizer updates keep the model's dtype.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import cast
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from pipeline.config import Config
-from pipeline.strategies.base import Parallel, gpu_count_or_nproc, writer_buffers
-from pipeline.strategies.ddp import check_divisible
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import FsdpConfig
+from pipeline.context import DistContext
+from pipeline.strategies.base import (
+    Autocast,
+    DataParallelRun,
+    StrategyFacts,
+    gpu_count_or_nproc,
+    writer_buffers,
+)
 from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
-from pipeline.training.context import DistContext
 
-NAME = "fsdp"
+FACTS = StrategyFacts(
+    name="fsdp",
+    options=FsdpConfig,
+    spans_nodes=True,
+    data_parallel=True,
+    shaping_keys=("sync_bn", "mixed_precision"),
+    # With its per-block all-gather/free hooks between graphs, reduce-overhead ran 24 s an
+    # epoch on an H100, 27x single's (README "Performance").
+    cuda_graphs=False,
+    sharded_parameters=True,
+)
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 RESIDUAL_STAGES = range(1, 5)  # blocks of pipeline.model.resnet18 between stem and head
 
 
-def nproc(cfg: Config, n_gpus: int) -> int:
-    world = gpu_count_or_nproc(n_gpus, cfg.fsdp.nproc)
-    check_divisible(cfg, world, NAME)
-    return world
+def nproc(options: FsdpConfig, plan: BatchPlan, n_gpus: int) -> int:
+    return gpu_count_or_nproc(n_gpus, options.nproc)
 
 
-def shard(model: nn.Sequential, mesh, mixed_precision: str) -> None:
+def shard(model: nn.Sequential, mesh: DeviceMesh, mixed_precision: str) -> None:
     """fully_shard each residual stage, then the root (it takes the stem and the head)."""
     policy = MixedPrecisionPolicy()
     if mixed_precision != "none":
@@ -59,15 +74,17 @@ def shard(model: nn.Sequential, mesh, mixed_precision: str) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
-    if cfg.fsdp.sync_bn:
+def parallelize(
+    model: nn.Sequential, options: FsdpConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
+) -> DataParallelRun:
+    if options.sync_bn:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
-    shard(model, init_device_mesh(ctx.device.type, (ctx.world_size,)), cfg.fsdp.mixed_precision)
+    shard(model, init_device_mesh(ctx.device.type, (ctx.world_size,)), options.mixed_precision)
 
     sharded = cast(FSDPModule, model)  # fully_shard made the model an FSDPModule in place
 
     @contextmanager
-    def reduce_grads_if(is_last: bool):
+    def reduce_grads_if(is_last: bool) -> Iterator[None]:
         sharded.set_requires_gradient_sync(is_last)
         yield
 
@@ -78,27 +95,21 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
             for k, v in model.state_dict().items()
         }
 
-    per_rank = cfg.train.batch_size // cfg.train.grad_accum // ctx.world_size
     notes = []
-    if cfg.fsdp.mixed_precision != "none":
+    if options.mixed_precision != "none":
         notes.append(
-            f"fsdp mixed precision: {cfg.fsdp.mixed_precision} parameters in "
+            f"fsdp mixed precision: {options.mixed_precision} parameters in "
             f"forward/backward (BatchNorm's keep the model's dtype), fp32 gradient "
             f"reduction"
         )
-    return Parallel(
+    return DataParallelRun(
         module=model,
         forward=model,
-        data_rank=ctx.rank,
-        data_world=ctx.world_size,
         writer=ctx.is_main,
         devices=ctx.devices_of_ranks(),
-        batch_split=[per_rank] * ctx.world_size,
+        batch_split=[plan.per_rank] * ctx.world_size,
         reduce_grads_if=reduce_grads_if,
         full_state_dict=full_state_dict,
-        notes=notes,
-        before_eval=(lambda: None) if cfg.fsdp.sync_bn else writer_buffers(model),
-        # measured on an H100 (torch 2.11): with its per-block all-gather/free
-        # hooks between graphs, reduce-overhead ran 24 s/epoch, 27x single's
-        cuda_graphs=False,
+        notes=tuple(notes),
+        before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
     )

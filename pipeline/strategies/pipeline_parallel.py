@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch
@@ -44,12 +44,22 @@ from torch.distributed.pipelining import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.config import Config
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import PipelineParallelConfig
+from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.strategies.base import Parallel
-from pipeline.training.context import DistContext
+from pipeline.strategies.base import Autocast, PipelinedRun, StrategyFacts
 
-NAME = "pipeline_parallel"
+FACTS = StrategyFacts(
+    name="pipeline_parallel",
+    options=PipelineParallelConfig,
+    # stage i is rank i of one node; more nodes would need a stage-to-node map
+    spans_nodes=False,
+    data_parallel=False,
+    shaping_keys=("stages", "microbatches", "schedule"),
+    # never compiled (its schedule runs the stages itself), so nothing to replay
+    cuda_graphs=False,
+)
 
 MODEL_BLOCKS = 6  # stem, four residual stages, head (pipeline.training.model.resnet18)
 IMAGE_SHAPE = (
@@ -59,10 +69,10 @@ IMAGE_SHAPE = (
 )  # one normalised Fashion-MNIST image (pipeline.data.device_data.normalize)
 
 
-def nproc(cfg: Config, n_gpus: int) -> int:
+def nproc(options: PipelineParallelConfig, plan: BatchPlan, n_gpus: int) -> int:
     """One process per stage where there is a GPU per stage (or, on the CPU, by default);
     one process for all of them on one GPU, or on the CPU with pipeline_parallel.nproc 1."""
-    pp = cfg.pipeline_parallel
+    pp = options
     stages, chunks = pp.stages, pp.microbatches
     if stages > MODEL_BLOCKS:
         raise UserError(
@@ -83,12 +93,11 @@ def nproc(cfg: Config, n_gpus: int) -> int:
                 f"pipeline_parallel.nproc: got {processes}, expected {stages} (one process per "
                 f"stage) or 1 (every stage in one process)"
             )
-    step_batch = cfg.train.batch_size // cfg.train.grad_accum
-    if step_batch % chunks:
+    if plan.micro % chunks:
         raise UserError(
             f"pipeline_parallel.microbatches: got {chunks}, which does not divide "
-            f"train.batch_size / train.grad_accum = {cfg.train.batch_size} / "
-            f"{cfg.train.grad_accum} = {step_batch}"
+            f"train.batch_size / train.grad_accum = {plan.batch_size} / "
+            f"{plan.grad_accum} = {plan.micro}"
         )
     if pp.schedule == "1f1b" and processes > 1 and chunks < stages:
         raise UserError(
@@ -135,17 +144,23 @@ def stage_blocks(model: nn.Sequential, first: int, end: int) -> nn.Sequential:
     return nn.Sequential(OrderedDict((str(i), model[i]) for i in range(first, end)))
 
 
-def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
-    stages, chunks = cfg.pipeline_parallel.stages, cfg.pipeline_parallel.microbatches
+def parallelize(
+    model: nn.Sequential,
+    options: PipelineParallelConfig,
+    plan: BatchPlan,
+    ctx: DistContext,
+    autocast: Autocast,
+) -> PipelinedRun:
+    stages, chunks = options.stages, options.microbatches
     if ctx.world_size not in (1, stages):  # e.g. several nodes, each started with nproc()
         raise UserError(
             f"pipeline_parallel.stages: got {stages}, but the job has {ctx.world_size} "
             f"processes; expected one process per stage (one node), or one for all stages"
         )
-    step_batch = cfg.train.batch_size // cfg.train.grad_accum
+    step_batch = plan.micro
     flops = block_flops(model)
     bounds = split_points(flops, stages)
-    loss_scale = chunks * cfg.train.grad_accum
+    loss_scale = chunks * plan.grad_accum
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, labels) / loss_scale
@@ -160,12 +175,12 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
             f"batch of {step_batch}: not the same computation as single"
         )
     if ctx.world_size == 1:
-        return looped(model, cfg, ctx, bounds, loss_fn, notes, step_batch)
+        return looped(model, options, ctx, bounds, loss_fn, notes, step_batch)
     blocks = stage_blocks(model, bounds[ctx.rank], bounds[ctx.rank + 1])
     # Shapes and dtypes between stages are inferred from the first micro-batch (again when
     # the schedule switches between training and eval; module buffers are restored after).
     stage = PipelineStage(blocks, ctx.rank, stages, ctx.device)
-    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline_parallel.schedule]
+    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[options.schedule]
     schedule = schedule_class(stage, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False)
 
     def pipeline_step(x: torch.Tensor, y: torch.Tensor, training: bool) -> Optional[torch.Tensor]:
@@ -180,30 +195,27 @@ def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel
         dist.gather_object(mine, parts, dst=stages - 1)  # a collective: every stage sends
         return {k: v for part in parts or () for k, v in part.items()}
 
-    return Parallel(
+    return PipelinedRun(
         module=blocks,
-        forward=None,
-        data_rank=0,
-        data_world=1,
+        step=pipeline_step,
         writer=stage.is_last,
         devices=ctx.devices_of_ranks(),
         batch_split=[step_batch] * stages,
-        pipeline_step=pipeline_step,
         full_state_dict=full_state_dict,
-        notes=notes,
+        notes=tuple(notes),
         eval_batch_size=step_batch,
     )
 
 
 def looped(
     model: nn.Sequential,
-    cfg: Config,
+    options: PipelineParallelConfig,
     ctx: DistContext,
     bounds: list[int],
-    loss_fn,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     notes: list[str],
     step_batch: int,
-) -> Parallel:
+) -> PipelinedRun:
     """Every stage in this one process, on its one device, run by a looped schedule."""
     stages = len(bounds) - 1
     modules = [
@@ -211,12 +223,10 @@ def looped(
         for a, b in zip(bounds, bounds[1:])
     ]
     pipeline_stages = [PipelineStage(m, i, stages, ctx.device) for i, m in enumerate(modules)]
-    schedule_class = {"gpipe": ScheduleLoopedBFS, "1f1b": ScheduleInterleaved1F1B}[
-        cfg.pipeline_parallel.schedule
-    ]
+    schedule_class = {"gpipe": ScheduleLoopedBFS, "1f1b": ScheduleInterleaved1F1B}[options.schedule]
     schedule = schedule_class(
         pipeline_stages,
-        n_microbatches=cfg.pipeline_parallel.microbatches,
+        n_microbatches=options.microbatches,
         loss_fn=loss_fn,
         scale_grads=False,
     )
@@ -232,15 +242,12 @@ def looped(
         f"{schedule_class.__name__} schedule runs with its micro-batches, but one device "
         f"works on one stage at a time)"
     )
-    return Parallel(
+    return PipelinedRun(
         module=model,
-        forward=None,
-        data_rank=0,
-        data_world=1,
+        step=pipeline_step,
         writer=True,
         devices=[str(ctx.device)],
         batch_split=[step_batch],
-        pipeline_step=pipeline_step,
-        notes=notes,
+        notes=tuple(notes),
         eval_batch_size=step_batch,
     )

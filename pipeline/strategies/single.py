@@ -4,25 +4,29 @@ from __future__ import annotations
 
 from torch import nn
 
-from pipeline.config import Config
-from pipeline.strategies.base import Parallel
-from pipeline.training.context import DistContext
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import SingleConfig
+from pipeline.context import DistContext
+from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts
 
-NAME = "single"
+FACTS = StrategyFacts(name="single", options=SingleConfig, spans_nodes=False, data_parallel=False)
 
 
-def nproc(cfg: Config, n_gpus: int) -> int:
+def nproc(options: SingleConfig, plan: BatchPlan, n_gpus: int) -> int:
     return 1
 
 
-def parallelize(model: nn.Sequential, cfg: Config, ctx: DistContext) -> Parallel:
-    micro = cfg.train.batch_size // cfg.train.grad_accum
-    return Parallel(
+def parallelize(
+    model: nn.Sequential,
+    options: SingleConfig,
+    plan: BatchPlan,
+    ctx: DistContext,
+    autocast: Autocast,
+) -> DataParallelRun:
+    return DataParallelRun(
         module=model,
         forward=model,
-        data_rank=0,
-        data_world=1,
         writer=True,
         devices=[str(ctx.device)],
-        batch_split=[micro],
+        batch_split=[plan.micro],
     )

@@ -5,18 +5,25 @@ benchmarks/bench.py and benchmarks/profile_step.py time, built the same way."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config
+from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData
 from pipeline.data.fashion_mnist import DATA_DIR
 from pipeline.data.loaders import Batches, make_batches
-from pipeline.strategies.base import Parallel, Strategy
-from pipeline.training.context import DistContext
+from pipeline.strategies.base import (
+    DataParallelRun,
+    PipelinedRun,
+    Run,
+    Strategy,
+    StrategyFacts,
+)
 from pipeline.training.model import build_model
 from pipeline.training.optim import loss_function, make_optimizer
 from pipeline.training.precision import (
@@ -25,11 +32,20 @@ from pipeline.training.precision import (
     compile_forward,
     configure_backends,
     fallback,
+    graph_step_marker,
 )
 
 
-class Training(NamedTuple):
-    par: Parallel
+@dataclass(frozen=True)
+class Training:
+    run: Run  # what the strategy returned, as it returned it
+    facts: StrategyFacts
+    plan: BatchPlan  # the batch over this job's data-parallel ranks
+    # a DataParallelRun's forward as the loop calls it (compiled when train.compile); None for
+    # a pipeline, whose schedule runs its own stages
+    forward: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
+    notes: tuple[str, ...]  # the strategy's, then the precision's and compile's
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
@@ -41,29 +57,49 @@ def build_training(
     strategy: Strategy,
     ctx: DistContext,
     data: DeviceData,
+    plan: BatchPlan,
     raw_dir: Path = DATA_DIR / "raw",
 ) -> Training:
     """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision."""
-    device = ctx.device
+    device, facts = ctx.device, strategy.FACTS
     prec = build_precision(cfg.train.precision, device)
     model = build_model(cfg.model.width, cfg.seed).to(device, prec.dtype)
-    par = strategy.parallelize(model, cfg, ctx)
-    prec, channels_last = fit_to_strategy(prec, par, cfg.train.channels_last)
+    run = strategy.parallelize(model, getattr(cfg, facts.name), plan, ctx, prec.autocast)
+    prec, channels_last = fit_to_strategy(prec, run, facts, cfg.train.channels_last)
     configure_backends(prec, device)
-    par.forward, compile_notes = compile_forward(
-        par.forward, cfg.train.compile, cfg.train.compile_mode, par.cuda_graphs
+    pipelined = isinstance(run, PipelinedRun)
+    forward, compile_notes = compile_forward(
+        run.forward if isinstance(run, DataParallelRun) else None,
+        cfg.train.compile,
+        cfg.train.compile_mode,
+        facts.cuda_graphs,
     )
-    par.notes += prec.notes + compile_notes
-    loss_fn = loss_function(cfg.train, schedule_owns_loss=par.pipeline_step is not None)
-    optimizer = make_optimizer(par.module.parameters(), cfg.train)
-    loader = make_batches(
-        data, cfg, par.data_rank, par.data_world, prec.dtype, channels_last, device, raw_dir
+    return Training(
+        run=run,
+        facts=facts,
+        plan=plan,
+        forward=forward,
+        new_graph_step=graph_step_marker(cfg.train, facts.cuda_graphs),
+        notes=(*run.notes, *prec.notes, *compile_notes),
+        prec=prec,
+        loader=make_batches(
+            data,
+            cfg.data,
+            cfg.seed,
+            plan,
+            plan.data_rank(ctx.rank),
+            prec.dtype,
+            channels_last,
+            device,
+            raw_dir,
+        ),
+        optimizer=make_optimizer(run.module.parameters(), cfg.train),
+        loss_fn=loss_function(cfg.train, schedule_owns_loss=pipelined),
     )
-    return Training(par, prec, loader, optimizer, loss_fn)
 
 
 def fit_to_strategy(
-    precision: Precision, par: Parallel, channels_last: Optional[bool]
+    precision: Precision, run: Run, facts: StrategyFacts, channels_last: Optional[bool]
 ) -> tuple[Precision, bool]:
     """Apply to the parallelized model what its strategy can take; note what it cannot.
 
@@ -78,7 +114,7 @@ def fit_to_strategy(
     """
     if channels_last is None:
         channels_last = precision.device_type == "cuda"
-    pipelined = par.pipeline_step is not None
+    pipelined = isinstance(run, PipelinedRun)
     if pipelined and precision.autocast_dtype is not None:
         precision = fallback(
             precision.name,
@@ -87,7 +123,7 @@ def fit_to_strategy(
         )
     if not channels_last:
         return precision, False
-    if pipelined or any(isinstance(p, DTensor) for p in par.module.parameters()):
+    if pipelined or facts.sharded_parameters:
         why = (
             "pipeline stages send activations"
             if pipelined
@@ -95,5 +131,5 @@ def fit_to_strategy(
         )
         precision.notes.append(f"channels_last: not applied; {why} contiguous NCHW")
         return precision, False
-    par.module.to(memory_format=torch.channels_last)
+    run.module.to(memory_format=torch.channels_last)
     return precision, True

@@ -1,8 +1,9 @@
 """A run's identity: what a checkpoint (and the MLflow run it feeds) must agree on to be
 resumed. Everything that shapes the trajectory, and nothing else:
 
-    params      the params that change what is computed (not where the data came from, which
-                GPUs, MLflow, reporting, checkpointing or launch settings)
+    params      the params that change what is computed: SHAPING, and of the strategy's own
+                section the keys its FACTS name (not where the data came from, which GPUs,
+                MLflow, reporting, checkpointing, launch settings or other strategies' sections)
     strategy    and its world size (checkpoints hold per-rank shards)
     code        the source of every module of the data, training and strategy code this run
                 imported, as a syntax tree: comments, docstrings and formatting do not count
@@ -22,22 +23,27 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, flatten
+from pipeline.strategies.base import StrategyFacts
 
-NOT_SHAPING = (
-    "strategies",
-    "devices",
-    "data.mirrors",
-    "data.md5",
-    "mlflow.",
-    "report.",
-    "checkpoint.",
-    "dist.",
-    "quick",
+# Keys (or, ending in ".", sections) that shape every strategy's trajectory. The rest of
+# params.yaml is the strategies' own sections (each strategy's FACTS say which of its keys
+# count) and what never changes what is computed (tests/unit/test_identity.py lists it).
+SHAPING = (
+    "seed",
+    "data.limit_train",
+    "data.limit_test",
+    "data.loader",
+    "data.augment",
+    "data.workers",
+    "model.",
+    "train.",
 )
 # the modules whose code shapes what a run computes (the launcher, tracking and reporting
 # code do not)
 TRAJECTORY_CODE = (
     "pipeline.config",
+    "pipeline.batch_plan",
+    "pipeline.context",
     "pipeline.data.",
     "pipeline.training.",
     "pipeline.strategies.",
@@ -94,11 +100,24 @@ def _changed(old: dict, new: dict) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def run_identity(cfg: Config, strategy: str, world_size: int, data_file: Path) -> RunIdentity:
-    params = {k: v for k, v in flatten(cfg).items() if not k.startswith(NOT_SHAPING)}
+def shaping_keys(facts: StrategyFacts) -> tuple[str, ...]:
+    """The params that shape a run of this strategy (SHAPING's sections as prefixes)."""
+    return (*SHAPING, *(f"{facts.name}.{key}" for key in facts.shaping_keys))
+
+
+def shapes(key: str, keys: tuple[str, ...]) -> bool:
+    """Whether `key` is one of `keys`, or inside one of its sections (those ending in ".")."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
+
+
+def run_identity(
+    cfg: Config, facts: StrategyFacts, world_size: int, data_file: Path
+) -> RunIdentity:
+    keys = shaping_keys(facts)
+    params = {k: v for k, v in flatten(cfg).items() if shapes(k, keys)}
     return RunIdentity(
         json.loads(json.dumps(params, default=str)),
-        strategy,
+        facts.name,
         world_size,
         code_digests(),
         file_digest(data_file),
@@ -120,20 +139,24 @@ def code_digests() -> dict[str, str]:
 
 
 def source_digest(path: Path) -> str:
-    """SHA-256 of the module's syntax tree without docstrings: a change to a comment, a
-    docstring or the layout of the code leaves it unchanged, a change to the code does not."""
+    """SHA-256 of the module's syntax tree without its string statements (docstrings of
+    modules, classes, functions and dataclass fields): a change to a comment, a docstring or
+    the layout of the code leaves it unchanged, a change to the code does not."""
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            body[0] = ast.Pass()
+        if isinstance(body, list):
+            kept = [statement for statement in body if not _is_string_statement(statement)]
+            node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+
+
+def _is_string_statement(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 def file_digest(path: Path) -> str:

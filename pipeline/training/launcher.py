@@ -19,9 +19,10 @@ import threading
 from pathlib import Path
 
 from pipeline import strategies
+from pipeline.batch_plan import BatchPlan
 from pipeline.config import load_config
-from pipeline.data.fashion_mnist import DATA_DIR, TENSORS
-from pipeline.errors import USER_ERROR_EXIT, UserError, first_line
+from pipeline.data.fashion_mnist import train_samples
+from pipeline.errors import ERROR_FILE_ENV, USER_ERROR_EXIT, UserError, first_line
 from pipeline.results import CHECKPOINTS, RESULTS
 from pipeline.tracking.mlflow_run import FAILED, KILLED
 from pipeline.tracking.publish import publish_strategy
@@ -32,15 +33,12 @@ from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.topology import (
     Topology,
-    check_multi_node,
+    check_job,
     lost_node_hint,
     resolve_topology,
     torchrun_args,
     worker_overrides,
 )
-
-ERROR_FILE_ENV = "PARALLEL_LAB_ERROR_FILE"  # where a worker leaves its one-line user error
-SIGTERM_EXIT = 128 + signal.SIGTERM  # a worker's exit code after a SIGTERM checkpoint
 
 
 def under_torchrun(env) -> bool:
@@ -80,18 +78,17 @@ def launch(name: str, overrides: list[str]) -> int:
     with one line for a user error found by a worker."""
     strategy = strategies.get(name)
     cfg = load_config("params.yaml", overrides)
+    strategies.check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())
     parse_faults(os.environ.get(FAULT_ENV))
     gpus = choose_devices(cfg.devices, os.environ)
-    nproc = strategy.nproc(cfg, len(gpus))
+    plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
+    nproc = strategy.nproc(getattr(cfg, name), plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
-    check_multi_node(name, topology, nproc, cfg.train.batch_size, cfg.train.grad_accum)
+    check_job(strategy.FACTS, topology, nproc, plan)
     for directory in (RESULTS / name, CHECKPOINTS / name):
         check_writable(directory)
-    if not (DATA_DIR / TENSORS).exists():
-        raise UserError(
-            f"{DATA_DIR / TENSORS}: not found; run the fetch stage first (dvc repro fetch)"
-        )
+    plan.drawing_from(train_samples(cfg.data.limit_train))  # the data is there, and holds a batch
     with tempfile.NamedTemporaryFile(prefix="parallel-lab-error-", suffix=".txt") as error_file:
         # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine.
         env = {

@@ -1,5 +1,7 @@
 """The training loop every strategy shares: one epoch of optimizer steps, evaluation, and the
-totals they add up. A strategy enters only through its `Parallel`.
+totals they add up. A strategy enters only through the run it returned (`Training.run`): a
+`DataParallelRun`, whose logits the loop turns into a loss, or a `PipelinedRun`, whose
+schedule runs forward and backward itself.
 
 Nothing here waits for the GPU: per-batch loss and accuracy are summed into a tensor on the
 device, and read back once per epoch (`reduce_totals`).
@@ -8,20 +10,20 @@ device, and read back once per epoch (`reduce_totals`).
 from __future__ import annotations
 
 import signal
+from types import FrameType
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from pipeline.config import Config
+from pipeline.config import TrainConfig
+from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, eval_shard
-from pipeline.data.loaders import Batches
-from pipeline.strategies.base import Parallel
-from pipeline.training.context import DistContext
+from pipeline.strategies.base import PipelinedRun
+from pipeline.training.build import Training
 from pipeline.training.faults import Fault
 from pipeline.training.optim import lr_at, set_lr
-from pipeline.training.precision import Precision, graph_step_marker
 
 # Ranks vote on a SIGTERM every this many steps: an all-reduce every step would make every
 # rank wait for the slowest at every step boundary (on GPUs, a host-side barrier in a loop
@@ -36,12 +38,12 @@ class StopRequest:
     boundaries that are multiples of VOTE_EVERY_STEPS: a host-side message, no GPU sync. One
     process needs no vote: it stops at the next step."""
 
-    def __init__(self, group=None, world_size: int = 1):
+    def __init__(self, group: dist.ProcessGroup | None = None, world_size: int = 1):
         self.flag = False
         self.group, self.world_size = group, world_size
         signal.signal(signal.SIGTERM, self._handler)
 
-    def _handler(self, signum, frame) -> None:
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.flag = True
 
     def agreed(self, step: int) -> bool:
@@ -55,12 +57,8 @@ class StopRequest:
 
 
 def train_epoch(
-    par: Parallel,
-    optimizer: torch.optim.Optimizer,
-    loader: Batches,
-    prec: Precision,
-    loss_fn,
-    cfg: Config,
+    training: Training,
+    train: TrainConfig,
     epoch: int,
     start_step: int,
     totals: torch.Tensor,
@@ -72,10 +70,9 @@ def train_epoch(
     """Optimizer steps start_step.. of one pass over the shuffled training set, adding
     [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
     here waits for the GPU. Returns the step it stopped before on SIGTERM, else None."""
-    accum = cfg.train.grad_accum
-    forward, pipelined = par.forward, par.pipeline_step  # a strategy gives one or the other
-    new_graph_step = graph_step_marker(cfg.train, par.cuda_graphs)
-    par.module.train()
+    run, prec, optimizer, loader = training.run, training.prec, training.optimizer, training.loader
+    accum = training.plan.grad_accum
+    run.module.train()
     steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
     if progress:  # a bar on a terminal; log files get the one line per epoch instead
         steps = tqdm(
@@ -90,20 +87,21 @@ def train_epoch(
             return step
         if fault is not None:
             fault.fire_if("step", rank, epoch + 1, step, signalled=lambda: stop.flag)
-        set_lr(optimizer, lr_at(cfg.train, epoch * loader.steps + step, loader.steps))
+        set_lr(optimizer, lr_at(train, epoch * loader.steps + step, loader.steps))
         for micro, (x, y) in enumerate(micro_batches):
-            new_graph_step()  # the last step's outputs are consumed (totals are queued)
-            with par.reduce_grads_if(micro == accum - 1):
-                if pipelined is not None:
-                    with prec.autocast():  # the schedule runs forward and backward itself
-                        logits = pipelined(x, y, True)
-                else:
-                    assert forward is not None
+            training.new_graph_step()  # the last step's outputs are consumed (totals queued)
+            logits: torch.Tensor | None
+            if isinstance(run, PipelinedRun):
+                with prec.autocast():  # the schedule runs forward and backward itself
+                    logits = run.step(x, y, True)
+            else:
+                assert training.forward is not None  # a DataParallelRun always has one
+                with run.reduce_grads_if(micro == accum - 1):
                     with prec.autocast():
-                        logits = forward(x)
+                        logits = training.forward(x)
                         # mean over this rank's share; DDP/FSDP average over ranks, and
                         # / accum makes the accumulated gradient the mean over the global batch
-                        loss = loss_fn(logits, y.to(logits.device)) / accum
+                        loss = training.loss_fn(logits, y.to(logits.device)) / accum
                     prec.backward(loss)  # scaled first when fp16 needs it
             if logits is not None:
                 totals += batch_totals(logits.detach(), y)
@@ -123,31 +121,32 @@ def batch_totals(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(
-    par: Parallel,
-    data: DeviceData,
-    loader: Batches,
-    prec: Precision,
-    cfg: Config,
-    device: torch.device,
+    training: Training, data: DeviceData, eval_batch_size: int, ctx: DistContext
 ) -> torch.Tensor:
     """[loss_sum, correct, count] over this rank's share of the whole test set."""
-    par.before_eval()
-    par.module.eval()
-    batch = par.eval_batch_size or cfg.train.eval_batch_size
-    forward, pipelined = par.forward, par.pipeline_step
-    new_graph_step = graph_step_marker(cfg.train, par.cuda_graphs)
-    batches, counts = eval_shard(len(data.test_labels), par.data_rank, par.data_world, batch)
+    run, prec, device = training.run, training.prec, ctx.device
+    if isinstance(run, PipelinedRun):
+        batch = run.eval_batch_size  # the schedule keeps its training shapes
+    else:
+        run.before_eval()
+        batch = eval_batch_size
+    run.module.eval()
+    plan = training.plan
+    batches, counts = eval_shard(
+        len(data.test_labels), plan.data_rank(ctx.rank), plan.data_world, batch
+    )
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     for idx, count in zip(batches, counts):
         idx = idx.to(device)
-        x, y = loader.prepare(data.test_images[idx]), data.test_labels[idx]
-        new_graph_step()
+        x, y = training.loader.prepare(data.test_images[idx]), data.test_labels[idx]
+        training.new_graph_step()
+        logits: torch.Tensor | None
         with prec.autocast():
-            if pipelined is not None:
-                logits = pipelined(x, y, False)
+            if isinstance(run, PipelinedRun):
+                logits = run.step(x, y, False)
             else:
-                assert forward is not None  # a strategy gives one or the other
-                logits = forward(x)
+                assert training.forward is not None
+                logits = training.forward(x)
         if logits is not None and count > 0:
             totals += batch_totals(logits[:count], y[:count]).to(device)
     return totals

@@ -23,7 +23,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from pipeline.training.context import DistContext
+from pipeline.context import DistContext
 
 MIB = 2**20
 PROC_STATUS = Path("/proc/self/status")

@@ -21,12 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from pipeline import strategies
+from pipeline.batch_plan import BatchPlan
 from pipeline.errors import UserError
+from pipeline.strategies.base import StrategyFacts
 
 DEFAULT_RDZV_PORT = 29400  # torchrun's default for a c10d endpoint without a port
-# Strategies whose world is "processes per node x nodes". single, dp and balanced_dp are one
-# process; pipeline puts stage i on rank i of one node.
-MULTI_NODE_STRATEGIES = ("ddp", "fsdp")
 
 ENV_NAMES = {  # dist.<field> -> environment variables, first set wins
     "nnodes": ("NNODES", "PET_NNODES"),
@@ -134,27 +134,23 @@ def resolve_topology(dist: Any, env: Mapping[str, str], strategy: str) -> Topolo
     )
 
 
-def check_multi_node(
-    strategy: str, topology: Topology, nproc: int, batch_size: int, grad_accum: int
-) -> None:
-    """The strategy can span nodes, and the global batch splits evenly at every world size
-    the elastic range allows."""
-    if not topology.multi_node:
-        return
-    if strategy not in MULTI_NODE_STRATEGIES:
+def check_job(facts: StrategyFacts, topology: Topology, nproc: int, plan: BatchPlan) -> None:
+    """The strategy can span the nodes asked for, and a data-parallel strategy's batch splits
+    evenly at every world size the elastic range allows. `plan`: the batch as one process
+    trains it."""
+    if topology.multi_node and not facts.spans_nodes:
+        spanning = [n for n in strategies.NAMES if strategies.get(n).FACTS.spans_nodes]
         raise UserError(
-            f"{topology.source}: got {topology.nnodes}, but strategy {strategy!r} "
-            f"runs on one node; expected 1 (multi-node: "
-            f"{', '.join(MULTI_NODE_STRATEGIES)})"
+            f"{topology.source}: got {topology.nnodes}, but strategy {facts.name!r} "
+            f"runs on one node; expected 1 (multi-node: {', '.join(spanning)})"
         )
+    if not facts.data_parallel:
+        return
     for nodes in range(topology.min_nodes, topology.max_nodes + 1):
-        world = nodes * nproc
-        if batch_size % (world * grad_accum):
-            raise UserError(
-                f"train.batch_size: got {batch_size}, {strategy} on {nodes} node(s) "
-                f"x {nproc} process(es) needs a multiple of processes x "
-                f"train.grad_accum = {world} x {grad_accum}"
-            )
+        who = facts.name
+        if topology.multi_node:
+            who += f" on {nodes} node(s) x {nproc} process(es)"
+        plan.over(nodes * nproc, who)
 
 
 def torchrun_args(nproc: int, max_restarts: int, topology: Topology) -> list[str]:

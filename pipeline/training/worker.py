@@ -8,22 +8,23 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import torch.distributed as dist
 
 from pipeline.config import load_config
-from pipeline.errors import USER_ERROR_EXIT, UserError
-from pipeline.training.context import DistContext
-from pipeline.training.launcher import ERROR_FILE_ENV, SIGTERM_EXIT
+from pipeline.context import DistContext
+from pipeline.errors import BAD_INPUT, ERROR_FILE_ENV, SIGTERM_EXIT, USER_ERROR_EXIT
 from pipeline.training.session import run
 
 
 def main(strategy: str, overrides: list[str]) -> None:
     try:
         train(strategy, overrides)
-    except UserError as err:
+    except BAD_INPUT as err:
         # torchrun turns any worker exit into its own code 1; leave the line for the launcher
         if os.environ.get(ERROR_FILE_ENV):
             Path(os.environ[ERROR_FILE_ENV]).write_text(str(err))
@@ -43,7 +44,9 @@ def train(strategy: str, overrides: list[str]) -> None:
         device_id=ctx.device if ctx.on_cuda else None,
     )
     # the SIGTERM vote travels on a CPU group so it never waits on the GPU
-    control = dist.new_group(backend="gloo") if ctx.on_cuda and ctx.world_size > 1 else None
+    control = None
+    if ctx.on_cuda and ctx.world_size > 1:
+        control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     try:
         summary = run(cfg, strategy, ctx, control)
     finally:
@@ -52,7 +55,7 @@ def train(strategy: str, overrides: list[str]) -> None:
         sys.exit(SIGTERM_EXIT)
 
 
-def attempt_store(env) -> dist.Store:
+def attempt_store(env: Mapping[str, str]) -> dist.Store:
     """The rendezvous store, with keys scoped to this torchrun attempt. torchrun keeps its
     store across worker restarts but torch 2.14's env:// init assumes a fresh one, so a
     restarted process group would read the dead attempt's addresses and hang connecting."""

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from support import LEARNED, dvc, make_project, tiny_params
@@ -65,6 +66,8 @@ def test_second_repro_does_nothing(repro):
     [
         ("pipeline/reporting/plots.py", {"compare"}),
         ("pipeline/training/loop.py", {"train@single", "train@ddp"}),
+        # launch code is no concern of the download
+        ("pipeline/training/topology.py", {"train@single", "train@ddp"}),
     ],
 )
 def test_a_code_edit_makes_stale_exactly_the_stages_that_run_it(repro, module, stages):
@@ -72,6 +75,34 @@ def test_a_code_edit_makes_stale_exactly_the_stages_that_run_it(repro, module, s
     path = project / module
     original = path.read_text()
     path.write_text(original + "# an edit\n")  # DVC compares contents, not times
+    try:
+        stale = json.loads(dvc(project, "status", "--json").stdout)
+        assert set(stale) == stages, stale
+    finally:
+        path.write_text(original)
+    assert json.loads(dvc(project, "status", "--json").stdout) == {}
+
+
+@pytest.mark.parametrize(
+    "key,value,stages",
+    [
+        ("fsdp.nproc", 3, set()),  # fsdp is not in this project's strategies
+        ("ddp.nproc", 3, {"train@ddp"}),  # a strategy's own section: its stage alone
+        ("train.lr", 0.2, {"train@single", "train@ddp"}),
+        ("data.md5", None, {"fetch"}),
+    ],
+)
+def test_a_param_edit_makes_stale_exactly_the_stages_that_use_it(repro, key, value, stages):
+    project, _ = repro
+    path = project / "params.yaml"
+    original = path.read_text()
+    params = yaml.safe_load(original)
+    section, _, name = key.partition(".")
+    if value is None:  # data.md5: a sum of another mirror's file
+        params[section][name]["t10k-labels-idx1-ubyte.gz"] = "0" * 32
+    else:
+        params[section][name] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         stale = json.loads(dvc(project, "status", "--json").stdout)
         assert set(stale) == stages, stale

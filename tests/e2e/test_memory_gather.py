@@ -3,8 +3,8 @@
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeline.context import DistContext
 from pipeline.training import memory
-from pipeline.training.context import DistContext
 from pipeline.training.memory import DevicePeak
 
 

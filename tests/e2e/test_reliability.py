@@ -162,6 +162,25 @@ def test_a_finished_strategy_is_not_retrained(fault_project):
     assert len(mlflow_runs(uri)[1]) == 1
 
 
+def test_only_the_strategys_own_section_decides_its_resume(fault_project):
+    """Editing another strategy's section (fsdp.nproc) leaves ddp's checkpoint its own: the
+    rerun resumes the finished run instead of training again. A key of ddp's own section that
+    changes what it computes (ddp.sync_bn) starts it afresh, saying why."""
+    project, (_, ref_metrics, _) = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / 'sections.db'}"
+    train = ("python", "-m", "pipeline.train", "ddp")
+    run(project, *train, MLFLOW_TRACKING_URI=uri)
+    again = run(
+        project, *train, "fsdp.nproc=3", "pipeline_parallel.stages=3", MLFLOW_TRACKING_URI=uri
+    )
+    assert "resuming at epoch 3" in again.stdout and "epoch 1/2" not in again.stdout
+    assert final_state(project)[1] == ref_metrics
+    changed = run(project, *train, "ddp.sync_bn=false", MLFLOW_TRACKING_URI=uri)
+    assert "not resuming" in changed.stdout and "ddp.sync_bn: True -> False" in changed.stdout
+    assert "epoch 1/2" in changed.stdout
+
+
 def test_checkpoint_of_another_width_is_refused(fault_project):
     project, _ = fault_project
     reset(project)

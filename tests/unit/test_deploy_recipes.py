@@ -115,9 +115,9 @@ def train_command(tokens: list[str]) -> tuple[str, str]:
 
 
 def test_recipes_run_the_same_train_command_as_dvc():
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]["do"]
     module, placeholder = train_command(shlex.split(stage["cmd"]))
-    assert (module, placeholder) == ("pipeline.train", "${item.strategy}")
+    assert (module, placeholder) == ("pipeline.train", "${item}")
     # DVC reads params.yaml at the repository root; so does the launcher, in its cwd
     assert all(not isinstance(p, dict) for p in stage["params"])
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.training.context import DistContext
 from pipeline.training.devices import (
     DeviceSpec,
     NvidiaHost,

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from pipeline.config import Config
+from pipeline.context import DistContext
 from pipeline.strategies import balanced_dp
 from pipeline.strategies import gpu0_autotune as autotune
 from pipeline.strategies.gpu0_autotune import (
@@ -25,7 +26,7 @@ from pipeline.strategies.gpu0_autotune import (
     measure,
     resolve_gpu0_bsz,
 )
-from pipeline.training.context import DistContext
+from support import parallelize, strategy_nproc
 
 
 def m(gpu0_bsz, samples_per_s, *peaks, error=None):
@@ -191,12 +192,12 @@ def config(gpu0_bsz, batch_size=32, grad_accum=2) -> Config:
 
 
 def test_nproc_does_not_compare_auto_with_the_micro_batch():
-    assert balanced_dp.nproc(config("auto"), n_gpus=4) == 1
+    assert strategy_nproc(balanced_dp, config("auto"), 4) == 1
 
 
 def test_parallelize_on_cpu_resolves_auto_to_the_even_split():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    par = balanced_dp.parallelize(nn.Linear(3, 2), config("auto"), cpu)
+    par = parallelize(balanced_dp, nn.Linear(3, 2), config("auto"), cpu)
     assert par.batch_split == [16] and par.forward.gpu0_bsz is None
     assert any(note.startswith(f"{CHOSEN_KEY}=null") for note in par.notes)
 
@@ -213,8 +214,8 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
     three_gpus = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0", "1", "2"))
-    par = balanced_dp.parallelize(
-        nn.Linear(3, 2), config("auto", batch_size=16, grad_accum=1), three_gpus
+    par = parallelize(
+        balanced_dp, nn.Linear(3, 2), config("auto", batch_size=16, grad_accum=1), three_gpus
     )
     assert seen["micro"] == 16 and seen["options"] == [6, 4, 3, 1, 0]
     assert [str(d) for d in seen["devices"]] == ["cuda:0", "cuda:1", "cuda:2"]

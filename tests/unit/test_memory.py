@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.context import DistContext
 from pipeline.tracking.provenance import gpu_tags, gpu_uuids, stack_tags
 from pipeline.tracking.system_metrics import renumber_gpu_keys
 from pipeline.training import memory
-from pipeline.training.context import DistContext
 from pipeline.training.memory import DevicePeak
 
 

@@ -3,8 +3,7 @@
 import pytest
 
 from pipeline import results
-from pipeline.config import load_config
-from pipeline.errors import UserError
+from pipeline.config import ConfigError, load_config
 from pipeline.reporting import table
 from pipeline.results import EpochRow, RunSummary
 
@@ -97,7 +96,7 @@ def test_rows_without_single_say_so_instead_of_inventing_a_baseline():
 
 
 def test_target_accuracy_is_a_fraction():
-    with pytest.raises(UserError, match="report.target_accuracy: got 90.0, expected <= 1.0"):
+    with pytest.raises(ConfigError, match="report.target_accuracy: got 90.0, expected <= 1.0"):
         load_config("params.yaml", ["report.target_accuracy=90.0"])
     cfg = load_config("params.yaml", ["report.target_accuracy=null"])
     assert cfg.report.target_accuracy is None

@@ -12,7 +12,8 @@ import torch
 import torchvision.transforms.functional as TF
 from torch import nn
 
-from pipeline.config import Config, TrainConfig, load_config
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import Config, ConfigError, TrainConfig, load_config
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
 from pipeline.data.loaders import (
@@ -23,7 +24,7 @@ from pipeline.data.loaders import (
     make_batches,
 )
 from pipeline.errors import UserError
-from pipeline.strategies.base import Parallel
+from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
 from pipeline.training.build import fit_to_strategy
 from pipeline.training.checkpoint import Checkpointer, Position
 from pipeline.training.model import build_model
@@ -39,6 +40,15 @@ CPU = torch.device("cpu")
 
 def config(*overrides: str) -> Config:
     return load_config(Path("does-not-exist.yaml"), list(overrides))
+
+
+def batches_for(cfg: Config, data, rank: int, world: int, channels_last: bool, *raw_dir: Path):
+    """The loader a rank of `world` data-parallel ranks trains from."""
+    plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
+    plan = plan.over(world, "test").drawing_from(len(data.train_labels))
+    return make_batches(
+        data, cfg.data, cfg.seed, plan, rank, torch.float32, channels_last, CPU, *raw_dir
+    )
 
 
 # --- augmentation -------------------------------------------------------------------------
@@ -70,7 +80,7 @@ def tensors(raw_dataset):
 def device_batches(tensors, *overrides: str, rank: int = 0, world: int = 1) -> DeviceBatches:
     cfg = config("train.batch_size=32", *overrides)
     data = to_device(tensors, CPU, cfg.data.limit_train, None)
-    return make_batches(data, cfg, rank, world, torch.float32, False, CPU)
+    return batches_for(cfg, data, rank, world, False)
 
 
 def test_augmented_ranks_together_train_singles_batch(tensors):
@@ -95,7 +105,7 @@ def dataloader_batches(
 ) -> DataLoaderBatches:
     cfg = config("train.batch_size=32", "data.loader=dataloader", "data.workers=0", *overrides)
     data = to_device(tensors, CPU, cfg.data.limit_train, None)
-    return make_batches(data, cfg, rank, world, torch.float32, False, CPU, raw_dir)
+    return batches_for(cfg, data, rank, world, False, raw_dir)
 
 
 def flat(steps) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -150,7 +160,7 @@ def test_a_resumed_epoch_continues_with_the_same_batches(tensors, raw_dataset, l
 
 def test_channels_last_inputs(tensors):
     cfg = config("train.batch_size=32")
-    batches = make_batches(to_device(tensors, CPU, None, None), cfg, 0, 1, torch.float32, True, CPU)
+    batches = batches_for(cfg, to_device(tensors, CPU, None, None), 0, 1, True)
     ((_, [(x, _)]),) = list(batches.epoch(0, start_step=15))
     assert x.shape == (32, 1, 28, 28) and x.is_contiguous(memory_format=torch.channels_last)
 
@@ -205,23 +215,20 @@ def test_plain_precision_steps_like_backward_and_step():
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
-def plain_parallel(model: nn.Module, pipelined: bool = False) -> Parallel:
-    return Parallel(
-        module=model,
-        forward=None if pipelined else model,
-        data_rank=0,
-        data_world=1,
-        writer=True,
-        devices=["cpu"],
-        batch_split=[1],
-        pipeline_step=(lambda x, y, training: None) if pipelined else None,
-    )
+FACTS = StrategyFacts(name="test", options=object, spans_nodes=False, data_parallel=False)
+
+
+def plain_parallel(model: nn.Module, pipelined: bool = False) -> Run:
+    where = {"module": model, "writer": True, "devices": ["cpu"], "batch_split": [1]}
+    if pipelined:
+        return PipelinedRun(step=lambda x, y, training: None, eval_batch_size=1, **where)
+    return DataParallelRun(forward=model, **where)
 
 
 def test_a_pipeline_schedule_takes_neither_autocast_nor_channels_last():
     model = build_model(4, 0)
     prec, channels_last = fit_to_strategy(
-        build_precision("bf16", CPU), plain_parallel(model, pipelined=True), True
+        build_precision("bf16", CPU), plain_parallel(model, pipelined=True), FACTS, True
     )
     assert prec.name == "fp32" and prec.autocast_dtype is None and not channels_last
     assert any("bf16" in n for n in prec.notes) and any("channels_last" in n for n in prec.notes)
@@ -231,7 +238,9 @@ def test_a_pipeline_schedule_takes_neither_autocast_nor_channels_last():
 def test_channels_last_converts_the_wrapped_model_in_place():
     model = build_model(4, 0)
     params = list(model.parameters())
-    prec, channels_last = fit_to_strategy(build_precision("fp32", CPU), plain_parallel(model), True)
+    prec, channels_last = fit_to_strategy(
+        build_precision("fp32", CPU), plain_parallel(model), FACTS, True
+    )
     assert channels_last and prec.notes == []
     assert list(model.parameters()) == params  # the same Parameter objects
     assert model[0][0].weight.is_contiguous(memory_format=torch.channels_last)
@@ -256,7 +265,9 @@ def test_cuda_graphs_are_not_asked_of_a_strategy_that_cannot_take_them():
 
 def test_auto_speed_settings_on_the_cpu_are_fp32_and_nchw():
     model = build_model(4, 0)
-    prec, channels_last = fit_to_strategy(build_precision("auto", CPU), plain_parallel(model), None)
+    prec, channels_last = fit_to_strategy(
+        build_precision("auto", CPU), plain_parallel(model), FACTS, None
+    )
     assert prec.name == "fp32" and prec.autocast_dtype is None and not channels_last
     assert model[0][0].weight.is_contiguous()
 
@@ -335,7 +346,7 @@ def test_label_smoothing_is_refused_where_the_schedule_owns_the_loss():
     ],
 )
 def test_bad_option_values_are_refused(key, value):
-    with pytest.raises(UserError, match=key):
+    with pytest.raises(ConfigError, match=key):
         config(f"{key}={value}")
 
 

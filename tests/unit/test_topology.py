@@ -2,11 +2,14 @@
 
 import pytest
 
+from pipeline import strategies
+from pipeline.batch_plan import BatchPlan
 from pipeline.config import DistConfig
 from pipeline.errors import UserError
+from pipeline.strategies.base import StrategyFacts
 from pipeline.training.topology import (
     Topology,
-    check_multi_node,
+    check_job,
     lost_node_hint,
     parse_endpoint,
     parse_nnodes,
@@ -106,17 +109,28 @@ def test_bad_topology_is_one_line_naming_its_source(env, words):
     assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), err.value
 
 
+def facts(name: str) -> StrategyFacts:
+    return strategies.get(name).FACTS
+
+
 def test_which_strategies_span_nodes_and_batch_divisibility():
     two = Topology(2, 2, 0, "h:1", "id", 600)
-    check_multi_node("single", Topology(1, 1, None, None, "id", 600), 1, 32, 1)
-    with pytest.raises(UserError, match="'single' runs on one node"):
-        check_multi_node("single", two, 1, 32, 1)
+    one = Topology(1, 1, None, None, "id", 600)
+    check_job(facts("single"), one, 1, BatchPlan.make(32, 1))
+    with pytest.raises(UserError, match="'single' runs on one node.*multi-node: ddp, fsdp"):
+        check_job(facts("single"), two, 1, BatchPlan.make(32, 1))
     with pytest.raises(UserError, match="'pipeline_parallel' runs on one node"):
-        check_multi_node("pipeline_parallel", two, 2, 32, 1)
-    check_multi_node("fsdp", two, 2, 32, 2)
+        check_job(facts("pipeline_parallel"), two, 2, BatchPlan.make(32, 1))
+    check_job(facts("fsdp"), two, 2, BatchPlan.make(32, 2))
+    with pytest.raises(UserError, match=r"ddp needs a multiple of .* = 3 x 1"):
+        check_job(facts("ddp"), one, 3, BatchPlan.make(32, 1))
     # elastic: every world size in the range must split the global batch
     with pytest.raises(UserError, match="on 3 node"):
-        check_multi_node("ddp", Topology(2, 4, None, "h:1", "id", 600), 2, 16, 1)
+        check_job(facts("ddp"), Topology(2, 4, None, "h:1", "id", 600), 2, BatchPlan.make(16, 1))
+
+
+def test_the_strategies_that_span_nodes_say_so_in_their_facts():
+    assert [n for n in strategies.NAMES if facts(n).spans_nodes] == ["ddp", "fsdp"]
 
 
 def test_parsers():

@@ -1,0 +1,77 @@
+"""How one optimizer step's batch divides: into `grad_accum` micro-batches (the forwards of
+one step), each shared by `data_world` data-parallel ranks. Built once per process, in three
+checked steps: from the train section (`make`), over the strategy's data-parallel world
+(`over`), drawing from the training set (`drawing_from`); every plan that exists divides.
+Pure arithmetic.
+
+    batch 256, grad_accum 2, 2 ranks:  micro 128, per rank 64; 60000 samples -> 234 steps
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from pipeline.errors import UserError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batch_size: int  # samples per optimizer step, over every rank (train.batch_size)
+    grad_accum: int  # forwards per optimizer step (train.grad_accum)
+    data_world: int = 1  # ranks that each train a share of every micro-batch
+    n_train: Optional[int] = None  # training samples an epoch draws from; None: not yet known
+
+    @classmethod
+    def make(cls, batch_size: int, grad_accum: int) -> BatchPlan:
+        """The batch as one process trains it; a UserError names the key that does not fit."""
+        if batch_size % grad_accum:
+            raise UserError(
+                f"train.batch_size: got {batch_size}, expected a multiple of "
+                f"train.grad_accum ({grad_accum})"
+            )
+        return cls(batch_size, grad_accum)
+
+    def over(self, data_world: int, who: str) -> BatchPlan:
+        """The same batch shared by `data_world` ranks; `who` (e.g. "ddp", "ddp on 2 node(s)
+        x 2 process(es)") names what needs that many, for the message when it does not divide."""
+        if self.micro % data_world:
+            raise UserError(
+                f"train.batch_size: got {self.batch_size}, {who} needs a multiple of "
+                f"processes x train.grad_accum = {data_world} x {self.grad_accum}"
+            )
+        return replace(self, data_world=data_world)
+
+    def drawing_from(self, n_train: int) -> BatchPlan:
+        """The plan for a training set of `n_train` samples, which must hold one batch."""
+        if self.batch_size > n_train:
+            raise UserError(
+                f"train.batch_size: got {self.batch_size}, larger than the {n_train} training "
+                "samples; expected at most that"
+            )
+        return replace(self, n_train=n_train)
+
+    @property
+    def micro(self) -> int:
+        """Samples in one forward of the step (over every rank)."""
+        return self.batch_size // self.grad_accum
+
+    @property
+    def per_rank(self) -> int:
+        """Samples one data-parallel rank trains in one forward."""
+        return self.micro // self.data_world
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps per epoch; the last partial batch is dropped."""
+        if self.n_train is None:
+            raise ValueError("BatchPlan.steps: call drawing_from(n_train) first")
+        return self.n_train // self.batch_size
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self.steps * self.batch_size
+
+    def data_rank(self, rank: int) -> int:
+        """Which share of each micro-batch process `rank` trains (0 when one trains it all)."""
+        return rank if self.data_world > 1 else 0

@@ -1,0 +1,114 @@
+"""When a run checkpoints, and where it starts again: the resume of the last committed
+checkpoint of this very run (or of checkpoint.resume_from), and the saves every
+`checkpoint.every_epochs`, at the end and on SIGTERM. Checkpoint files themselves:
+checkpoint.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import CheckpointConfig
+from pipeline.context import DistContext
+from pipeline.results import EpochRow
+from pipeline.training.build import Training
+from pipeline.training.checkpoint import (
+    Checkpointer,
+    Position,
+    load_model_state,
+    load_optimizer_state,
+    rng_state,
+    set_rng_state,
+)
+from pipeline.training.faults import Fault
+from pipeline.training.identity import RunIdentity
+
+
+@dataclass
+class Progress:
+    """Where the run stands: what a checkpoint saves and a resume restores."""
+
+    position: Position  # the next (epoch, step) to train
+    history: list[EpochRow]  # the epochs finished
+    totals: torch.Tensor  # [loss_sum, correct, count] of the epoch so far, on the device
+
+
+class CheckpointPolicy:
+    def __init__(
+        self,
+        options: CheckpointConfig,
+        epochs: int,
+        directory: Path,
+        identity: RunIdentity,
+        ctx: DistContext,
+        writer: bool,
+        fault: Fault | None,
+    ):
+        self.options, self.epochs, self.identity, self.ctx = options, epochs, identity, ctx
+        self.writer, self.fault = writer, fault
+        self.ckpt = Checkpointer(directory, ctx.rank, ctx.world_size, writer, identity.key)
+
+    def due(self, epochs_done: int) -> bool:
+        """Whether the end of this epoch is checkpointed: every N epochs and the last."""
+        every = self.options.every_epochs
+        return bool(every) and (epochs_done % every == 0 or epochs_done == self.epochs)
+
+    def resume(self, training: Training, say: Callable[[str], None]) -> Progress:
+        """Restore the last committed checkpoint of this run's identity (or of
+        checkpoint.resume_from) into the model, optimizer, RNGs and scaler; a fresh start
+        when there is none, saying why a checkpoint there was not this run's."""
+        device = self.ctx.device
+        fresh = Progress(Position(0, 0), [], torch.zeros(3, device=device, dtype=torch.float64))
+        source, found = self.ckpt, self.ckpt.latest()
+        if found is None and self.options.resume_from:
+            source = Checkpointer.foreign(
+                Path(self.options.resume_from), self.ctx.rank, self.ctx.world_size
+            )
+            found = source.latest()
+        if found is None:
+            other = self.ckpt.other_run()
+            if other is not None:
+                say(
+                    f"not resuming {self.ckpt.directory}: "
+                    f"{self.identity.difference(other.get('identity'))}; training from scratch"
+                )
+            return fresh
+        position, record = found
+        state = source.load(position)
+        load_model_state(training.run.module, state["model"], source.directory)
+        load_optimizer_state(training.optimizer, state["optimizer"])
+        set_rng_state(state["rng"], device)
+        scaler = training.prec.scaler
+        if scaler is not None and state.get("grad_scaler"):
+            scaler.load_state_dict(state["grad_scaler"])  # fp16: the loss scale it reached
+        say(f"resuming at epoch {position.epoch + 1} step {position.step} from {source.directory}")
+        return Progress(
+            position,
+            [EpochRow.from_record(r) for r in record["history"]],
+            state["train_totals"].to(device),
+        )
+
+    def save(self, at: Position, progress: Progress, training: Training, run_id: Any) -> None:
+        prec = training.prec
+        state = {
+            "model": training.run.module.state_dict(),
+            "optimizer": training.optimizer.state_dict(),
+            "rng": rng_state(self.ctx.device),
+            "train_totals": progress.totals,
+            "grad_scaler": prec.scaler.state_dict() if prec.scaler is not None else None,
+        }
+        record = {
+            "history": [r.to_record() for r in progress.history],
+            "run_id": run_id,
+            "identity": self.identity.to_record(),
+        }
+
+        def written() -> None:  # this rank's file is on disk, the commit still pending
+            if self.fault is not None:
+                self.fault.fire_if("checkpoint", self.ctx.rank, at.epoch, at.step)
+
+        self.ckpt.save(at, state, record, on_written=written)

@@ -1,0 +1,152 @@
+"""What a run leaves behind: its history of epochs, the MLflow run (continued on a resume),
+the per-epoch line in the log, and at the end results/<strategy>/ and the summary. One per
+process; only the strategy's writer rank keeps an MLflow run and writes files, the others
+record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import Config, effective_lr, flatten, to_yaml
+from pipeline.context import DistContext
+from pipeline.results import (
+    ARTIFACTS,
+    CHECKPOINTS,
+    RESULTS,
+    RUN_RECORD,
+    EpochRow,
+    RunSummary,
+    steady_seconds,
+    warmup_seconds,
+    write_results,
+)
+from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
+from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
+from pipeline.training import memory
+from pipeline.training.build import Training
+
+
+class RunRecorder:
+    def __init__(
+        self,
+        cfg: Config,
+        name: str,
+        ctx: DistContext,
+        training: Training,
+        key: str,
+        history: list[EpochRow],
+    ):
+        """`history`: the epochs a resumed run already finished; a fresh run passes []."""
+        self.name, self.ctx, self.training, self.key = name, ctx, training, key
+        self.history = history
+        self.epochs, self.final_wait_s = cfg.train.epochs, cfg.mlflow.final_sync_wait_s
+        self.config_yaml = to_yaml(cfg)
+        self.writer = training.run.writer
+        self.tracker = self._open_tracker(cfg) if self.writer else NullTracker()
+
+    def say(self, text: str) -> None:
+        """A line in the stage's log, from the writer only."""
+        if self.writer:
+            print(f"train[{self.name}]: {text}", flush=True)
+
+    def _open_tracker(self, cfg: Config) -> Tracker:
+        """The MLflow run (a resumed run continues the same one), its system metrics started."""
+        run, ctx = self.training.run, self.ctx
+        tags = {
+            **base_tags(),
+            "strategy": self.name,
+            "world_size": str(ctx.world_size),
+            "backend": ctx.backend if ctx.world_size > 1 else "none",
+            "devices": ",".join(run.devices),
+            "gpus": ",".join(ctx.gpus) or "cpu",
+            "batch_split": "+".join(map(str, run.batch_split)),
+            "dvc_stage": f"train@{self.name}",
+            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/metrics.json calls it
+            # MLflow's run description: what the comparison must be read with
+            "mlflow.note.content": "\n".join(self.training.notes),
+            **gpu_tags(ctx.gpus),
+        }
+        params: dict[str, Any] = {
+            **flatten(cfg),
+            "strategy": self.name,
+            "world_size": ctx.world_size,
+            "effective_lr": effective_lr(cfg.train),
+            **run.params,
+        }
+        tracker = Tracker(
+            CHECKPOINTS / self.name / RUN_RECORD,
+            cfg.mlflow.experiment,
+            self.name,
+            tags,
+            params,
+            self.key,
+        )
+        tracker.publish(self.history)
+        tracker.start_system_metrics(
+            cfg.report.system_metrics_interval_s, gpu_uuids(ctx.gpus), resume=bool(self.history)
+        )
+        for note in self.training.notes:
+            self.say(f"note: {note}")
+        return tracker
+
+    def epoch_done(self, row: EpochRow) -> None:
+        """`row` is in the history already (a checkpoint may have saved it): publish, log."""
+        self.tracker.publish_soon(self.history)
+        if self.writer:
+            print(
+                f"train[{self.name}] epoch {row.epoch}/{self.epochs}: loss {row.train_loss:.4f} "
+                f"train_acc {row.train_acc:.4f} test_acc {row.test_acc:.4f} "
+                f"{row.epoch_seconds:.2f}s {row.samples_per_s:.0f} samples/s",
+                flush=True,
+            )
+
+    def stopped(self) -> None:
+        """A SIGTERM checkpoint: the epochs so far go to MLflow, the run marked killed."""
+        self.tracker.publish(self.history, status=KILLED)
+
+    def failed(self) -> None:
+        """An error: whatever epochs finished still reach MLflow."""
+        self.tracker.publish(self.history, status=FAILED)
+
+    def finish(self, state: dict) -> RunSummary:
+        """results/<strategy>/ from the full model's `state`, the run's final MLflow push."""
+        summary = self.summary()
+        if self.writer:
+            summary.fingerprint = self.key
+            out_dir = RESULTS / self.name
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_results(out_dir, state, self.history, summary, self.config_yaml)
+            self.tracker.publish(
+                self.history,
+                [out_dir / name for name in ARTIFACTS],
+                status=FINISHED,
+                wait_s=self.final_wait_s,
+            )
+        return summary
+
+    def close(self) -> None:
+        self.tracker.stop_system_metrics()
+
+    def summary(self) -> RunSummary:
+        history, run = self.history, self.training.run
+        last = history[-1]
+        seconds = [r.epoch_seconds for r in history]
+        return RunSummary(
+            strategy=self.name,
+            world_size=self.ctx.world_size,
+            devices=run.devices,
+            batch_split=run.batch_split,
+            epochs=len(history),
+            test_acc=last.test_acc,
+            best_test_acc=max(r.test_acc for r in history),
+            test_loss=last.test_loss,
+            train_loss=last.train_loss,
+            epoch_seconds=last.epoch_seconds,
+            samples_per_s=last.samples_per_s,
+            total_seconds=last.wall_seconds,
+            warmup_epoch_seconds=warmup_seconds(seconds),
+            steady_epoch_seconds=steady_seconds(seconds),
+            steady_samples_per_s=self.training.plan.samples_per_epoch / steady_seconds(seconds),
+            memory=memory.run_summary([r.memory for r in history]),
+            notes=list(self.training.notes),
+        )
