@@ -12,7 +12,7 @@ import functools
 import signal
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pipeline.config import ConfigError
 
@@ -34,7 +34,7 @@ BAD_INPUT = (UserError, ConfigError)
 
 def exit_on_user_error(main: F) -> F:
     @functools.wraps(main)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> object:
         try:
             return main(*args, **kwargs)
         except BAD_INPUT as err:

@@ -46,7 +46,7 @@ class EpochRow:
     samples_per_s: float
     wall_seconds: float  # since training began (a resumed run goes on counting)
     ended_at: float = 0.0  # Unix time the epoch ended: its metrics' timestamp in MLflow
-    # pipeline.training.memory.epoch_metrics: "gpu3/peak_allocated_mib", "mem_imbalance", ...
+    # pipeline.memory.epoch_metrics: "gpu3/peak_allocated_mib", "mem_imbalance", ...
     memory: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
@@ -87,7 +87,7 @@ class RunSummary:
     warmup_epoch_seconds: float
     steady_epoch_seconds: float
     steady_samples_per_s: float
-    # pipeline.training.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
+    # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share")
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

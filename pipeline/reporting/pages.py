@@ -14,7 +14,7 @@ from pipeline.tracking.comparison import Comparison
 UNREACHABLE = "not grouped in MLflow: it was unreachable (`python -m pipeline.compare` again later)"
 
 
-def markdown_page(rows: list[dict], target, mlflow: Comparison | None) -> str:
+def markdown_page(rows: list[dict], target: float | None, mlflow: Comparison | None) -> str:
     link = (
         f"**[Open these {len(mlflow.runs)} runs side by side in MLflow]({mlflow.url})** "
         f"(parent run `{mlflow.parent_id}`)"
@@ -32,7 +32,9 @@ def markdown_page(rows: list[dict], target, mlflow: Comparison | None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def html_page(rows: list[dict], target, mlflow: Comparison | None, directory: Path) -> str:
+def html_page(
+    rows: list[dict], target: float | None, mlflow: Comparison | None, directory: Path
+) -> str:
     link = (
         f'<p class="mlflow"><a href="{html.escape(mlflow.url)}">Open these '
         f"{len(mlflow.runs)} runs side by side in MLflow</a> (parent run "
@@ -72,7 +74,7 @@ p.mlflow {{ font-size: 15px; }}
 """
 
 
-def _legend(rows: list[dict], target) -> str:
+def _legend(rows: list[dict], target: float | None) -> str:
     memory = (
         "peak memory allocated by tensors per GPU (physical id), highest epoch; "
         "max/mean over devices is the imbalance"

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers and in DVC stages
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.files import atomic_write  # noqa: E402
@@ -22,7 +23,7 @@ DEVICE0_COLOUR, OTHER_COLOUR = "#222222", "#8fb3de"
 
 
 def write_plots(
-    rows: list[dict], histories: dict[str, list[EpochRow]], target, directory: Path
+    rows: list[dict], histories: dict[str, list[EpochRow]], target: float | None, directory: Path
 ) -> None:
     """The four PNGs of PLOTS into `directory`."""
     plot_accuracy(histories, "epoch", "Epoch", target, directory / PLOTS[0])
@@ -37,14 +38,14 @@ def colours(names: list[str]) -> dict[str, str]:
     return {n: cycle[NAMES.index(n) % len(cycle)] for n in names}
 
 
-def save(fig, path: Path) -> None:
+def save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
 
 
 def plot_accuracy(
-    histories: dict[str, list[EpochRow]], x: str, xlabel: str, target, path: Path
+    histories: dict[str, list[EpochRow]], x: str, xlabel: str, target: float | None, path: Path
 ) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colour = colours(list(histories))

@@ -82,11 +82,11 @@ def _num(spec: str, suffix: str = "") -> Callable:
     return lambda v, row: "n/a" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _target_cell(v, row) -> str:
+def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
     return "not reached" if v is None else f"{v:.1f} s (epoch {row['epoch_to_target']})"
 
 
-def _memory_cell(v: dict, row) -> str:
+def _memory_cell(v: dict, row: dict[str, Any]) -> str:
     return ", ".join(f"{label} {mib:.0f}" for label, mib in v.items())
 
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.training.memory import MIB, peak_rss_bytes, reset_peaks
+from pipeline.memory import MIB, peak_rss_bytes, reset_peaks
 
 AUTO = "auto"
 CHOSEN_KEY = "balanced_dp.gpu0_bsz_chosen"

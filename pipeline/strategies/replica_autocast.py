@@ -2,8 +2,8 @@
 
 torch's `parallel_apply` runs each replica in a thread of its own and re-enters autocast
 there as `torch.amp.autocast(device_type, enabled=...)`, with no dtype. The autocast dtype is
-thread-local, so the replica threads fall back to the device's default (fp16 on CUDA): a run
-that asked for bf16 silently computed in fp16, without loss scaling. `keep_autocast` wraps
+thread-local, so the replica threads would fall back to the device's default (fp16 on CUDA):
+a run that asks for bf16 would compute in fp16, without loss scaling. `keep_autocast` wraps
 each replica so that it re-enters autocast with the dtype the calling thread had.
 """
 

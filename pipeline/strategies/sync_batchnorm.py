@@ -12,19 +12,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.function import FunctionCtx
 
 
 class _AllReduceSum(torch.autograd.Function):
     """Sum over ranks; the gradient of a sum is the sum of the ranks' gradients."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor) -> torch.Tensor:
         x = x.clone()
         dist.all_reduce(x)
         return x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.clone()
         dist.all_reduce(grad)
         return grad

@@ -112,7 +112,7 @@ def close_comparison(
         )
 
 
-def delete_empty_comparisons(client, exp_id: str) -> None:
+def delete_empty_comparisons(client: Any, exp_id: str) -> None:
     """Parents compare made whose strategy runs all moved under another comparison."""
     for parent in client.search_runs([exp_id], f"tags.{KEY_TAG} LIKE '%'"):
         pid = parent.info.run_id

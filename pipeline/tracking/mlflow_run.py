@@ -26,7 +26,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -218,7 +218,10 @@ def pending(record: dict[str, Any], history: list[EpochRow], artifacts: Sequence
 
 
 def publish_run(
-    record: dict[str, Any], history: list[EpochRow], artifacts: Sequence[Path], save
+    record: dict[str, Any],
+    history: list[EpochRow],
+    artifacts: Sequence[Path],
+    save: Callable[[], None],
 ) -> None:
     """Push what MLflow lacks of this run, idempotently (also `python -m pipeline.publish`)."""
     from mlflow.entities import Metric, Param, RunTag

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlparse
+from urllib.parse import ParseResult, quote, urlparse
 
 from pipeline.errors import UserError
 
@@ -17,7 +17,7 @@ HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT
 KNOWN_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks"}
 
 
-def client():
+def client() -> Any:
     """An MlflowClient for the store MLflow is pointed at, failing fast when it is away.
     (mlflow is imported here: it takes about a second, and only the processes that talk to
     MLflow need it.)"""
@@ -46,7 +46,7 @@ def check_tracking_uri(uri: str) -> None:
         raise UserError(f"MLFLOW_TRACKING_URI: got {uri!r}, expected http(s)://host[:port]")
 
 
-def _bad_port(parsed) -> bool:
+def _bad_port(parsed: ParseResult) -> bool:
     try:
         _ = parsed.port  # urlparse checks the port when it is read
     except ValueError:
@@ -70,7 +70,7 @@ UI_URL_ENV = "MLFLOW_UI_URL"  # where a browser reaches the MLflow UI, if not th
 DEFAULT_UI_URL = "http://127.0.0.1:5000"  # `make ui` (mlflow ui) on the embedded store
 
 
-def experiment_id(client, name: str) -> str:
+def experiment_id(client: Any, name: str) -> str:
     """The experiment's id, created (as a training experiment) if it does not exist yet."""
     found = client.get_experiment_by_name(name)
     if found is not None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 from pipeline.errors import first_line
 
 
-def publish_final_sample(monitor) -> None:
+def publish_final_sample(monitor: Any) -> None:
     """Stop MLflow's sampler and log one last sample, the run's final state.
 
     MLflow 3.17 publishes only whole sampling windows and drops the open one at shutdown, so
@@ -36,7 +37,7 @@ def system_metrics_monitor(
     gpu_uuids: dict[str, str] | None,
     resume: bool,
     tracking_uri: str,
-):
+) -> Any:
     """MLflow's SystemMetricsMonitor, its NVML monitor narrowed to the run's GPUs.
 
     MLflow 3.17's GPUMonitor samples every GPU NVML sees (handles 0..nvmlDeviceGetCount-1)
@@ -66,15 +67,15 @@ def system_metrics_monitor(
     return monitor
 
 
-def _run_gpu_monitor(base: type, gpu_uuids: dict[str, str]):
+def _run_gpu_monitor(base: type, gpu_uuids: dict[str, str]) -> Any:
     import pynvml
 
     class RunGPUMonitor(base):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.gpu_handles = [pynvml.nvmlDeviceGetHandleByUUID(u) for u in gpu_uuids.values()]
 
-        def aggregate_metrics(self):
+        def aggregate_metrics(self) -> dict[str, float]:
             return renumber_gpu_keys(super().aggregate_metrics(), list(gpu_uuids))
 
     return RunGPUMonitor()

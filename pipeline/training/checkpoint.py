@@ -21,6 +21,7 @@ resume uses the same world size: the identity includes it).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,9 @@ class Checkpointer:
                 f"{self.directory} to start over"
             ) from None
 
-    def save(self, pos: Position, state: dict, record: dict, on_written=None) -> None:
+    def save(
+        self, pos: Position, state: dict, record: dict, on_written: Callable[[], None] | None = None
+    ) -> None:
         """Collective: every rank calls it at the same position."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self._file(pos)

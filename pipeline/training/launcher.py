@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import strategies
@@ -41,7 +43,7 @@ from pipeline.training.topology import (
 )
 
 
-def under_torchrun(env) -> bool:
+def under_torchrun(env: Mapping[str, str]) -> bool:
     """Whether this process is one of torchrun's workers (or the launcher before it)."""
     return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
 
@@ -154,7 +156,7 @@ def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> tuple
 
     stopped = []
 
-    def forward(signum, frame) -> None:
+    def forward(signum: int, frame: types.FrameType | None) -> None:
         stopped.append(signum)
         child.send_signal(signum)
 

@@ -26,6 +26,8 @@ from typing import Optional
 
 import torch
 
+from pipeline.config import TrainConfig
+
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 RECOMPILE_LIMIT = 64  # graphs per function: 8 residual blocks x train/eval, with room
 
@@ -142,7 +144,7 @@ def compile_forward(
     return torch.compile(forward, dynamic=False, mode=mode), notes
 
 
-def graph_step_marker(train, cuda_graphs: bool) -> Callable[[], None]:
+def graph_step_marker(train: TrainConfig, cuda_graphs: bool) -> Callable[[], None]:
     """What to call before each forward. CUDA graphs (compile_mode reduce-overhead, where the
     strategy takes them: Parallel.cuda_graphs, as in compile_forward) reuse their output
     buffers, and must be told where a new step begins; otherwise nothing, as the call

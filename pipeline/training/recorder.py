@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline import memory
 from pipeline.config import Config, effective_lr, flatten, to_yaml
 from pipeline.context import DistContext
 from pipeline.results import (
@@ -22,7 +23,6 @@ from pipeline.results import (
 )
 from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
-from pipeline.training import memory
 from pipeline.training.build import Training
 
 

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipeline import strategies
+from pipeline import memory, strategies
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config, TrainConfig
 from pipeline.context import DistContext
@@ -25,7 +25,6 @@ from pipeline.data.device_data import DeviceData, to_device
 from pipeline.data.fashion_mnist import DATA_DIR, TENSORS, load_tensors
 from pipeline.results import CHECKPOINTS, EpochRow, RunSummary
 from pipeline.strategies.base import StrategyFacts
-from pipeline.training import memory
 from pipeline.training.build import Training, build_training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import CheckpointPolicy, Progress

@@ -3,9 +3,9 @@
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeline import memory
 from pipeline.context import DistContext
-from pipeline.training import memory
-from pipeline.training.memory import DevicePeak
+from pipeline.memory import DevicePeak
 
 
 def _gather_worker(rank: int, world: int, init_file: str, out: dict) -> None:

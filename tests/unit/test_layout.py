@@ -218,3 +218,37 @@ def test_every_command_has_help(command):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m {command}")
     assert len(proc.stdout.splitlines()) > 5  # what it does, not only the usage line
+
+
+# CONTRIBUTING.md "What each layer may import", bottom up: a module imports the project only
+# from its own layer and those below it. Commands (the other top-level modules) may import
+# anything.
+LAYERS = [
+    {"config"},
+    {"errors"},
+    {"context", "batch_plan", "memory", "files", "results"},
+    {"data"},
+    {"strategies"},
+    {"tracking"},
+    {"training"},
+    {"reporting"},
+]
+
+
+def layer_of(module: str) -> int | None:
+    part = module.split(".")[1] if "." in module else module
+    return next((i for i, layer in enumerate(LAYERS) if part in layer), None)
+
+
+def test_each_layer_imports_only_from_below():
+    upward = []
+    for name, path in modules().items():
+        mine = layer_of(name)
+        if mine is None:
+            continue  # a command
+        tree = ast.parse(path.read_text())
+        for target in {n for node in ast.walk(tree) for n in imported(node)}:
+            theirs = layer_of(target)
+            if target != "pipeline" and (theirs is None or theirs > mine):
+                upward.append(f"{name} -> {target}")
+    assert upward == []

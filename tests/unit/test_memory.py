@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline import memory
 from pipeline.context import DistContext
+from pipeline.memory import DevicePeak
 from pipeline.tracking.provenance import gpu_tags, gpu_uuids, stack_tags
 from pipeline.tracking.system_metrics import renumber_gpu_keys
-from pipeline.training import memory
-from pipeline.training.memory import DevicePeak
 
 
 def test_renumbered_cuda_index_maps_back_to_the_physical_id():
