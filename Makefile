@@ -1,22 +1,39 @@
-# parallel-lab: one entry point.  make quick | make run | make ui | make test | make lint
+# parallel-lab: one entry point. `make` alone lists the targets.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install quick run test test-fast lint ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint ui lock docker-setup clean
+.DEFAULT_GOAL := help
 
-install: $(VENV)/.installed
+help:  ## this list
+	@echo "parallel-lab: which PyTorch parallel strategy, at what cost (README.md)"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "  make quick ARGS=\"devices=cpu train.epochs=1\"   passes key=value overrides"
+
+install: $(VENV)/.installed  ## the pinned environment in .venv (about 6 GB, a minute or two)
+
+# What the install needs, each missing piece said in one line before anything is written.
+PREREQS := python3 -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v >= (3, 11) else \
+	"error: Python 3.11 or newer is needed; python3 is %d.%d" % v)' && \
+	{ python3 -c 'import venv, ensurepip' 2>/dev/null || { echo "error: python3 has no \
+	venv module (Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 2; }; } && \
+	{ free=$$(df -Pk . | awk 'NR == 2 {print int($$4 / 1048576)}'); [ "$$free" -ge 8 ] || \
+	{ echo "error: $$free GiB free in $(CURDIR); the pinned environment needs about 8 GiB" >&2; \
+	exit 2; }; }
 
 # The lock pins every package; reinstall only when it (or the project metadata) changes.
 $(VENV)/.installed: requirements.lock pyproject.toml
+	@$(PREREQS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-quick: install  ## a first result in minutes on any machine: params.yaml's `quick` settings
-	$(PY) -m pipeline.quickstart
+quick: install  ## a first result in minutes on any machine (params.yaml's `quick`; ARGS=key=value ...)
+	$(PY) -m pipeline.quickstart $(ARGS)
 
 run: install  ## the full experiment: fetch -> train every strategy -> compare, then MLflow
 	dvc repro

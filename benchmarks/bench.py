@@ -239,7 +239,7 @@ def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
     )
     tracker.publish([])
     tracker.start_system_metrics(
-        cfg.report.system_metrics_interval_s, gpu_uuids(ctx.gpus), resume=False
+        cfg.report.system_metrics_interval_s, gpu_uuids(dict(enumerate(ctx.gpus))), resume=False
     )
     return tracker
 

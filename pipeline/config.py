@@ -112,7 +112,8 @@ class TrainConfig:
     """Arithmetic (pipeline/training/precision.py): fp32; fp64 for exact cross-strategy
     comparisons (parity tests; fp32 training of this network is chaotic enough that 1e-7
     differences grow to 1e-2); tf32 (CUDA tensor cores); bf16 autocast; fp16 autocast + loss
-    scaling (CUDA). Modes the device lacks fall back to fp32 with a note. auto: bf16 on a GPU,
+    scaling (CUDA). Modes the device lacks fall back to fp32 with a note. auto: bf16 on a GPU
+    with native bfloat16 (compute capability 8.0+), fp16 with loss scaling on an older GPU,
     fp32 on the CPU (bf16 is slower on most CPUs; README "Performance")."""
     channels_last: Optional[bool] = None
     """NHWC activations and weights (what tensor-core convolutions want). null = auto: on for

@@ -43,6 +43,12 @@ class DistContext:
             return ["cpu"] * self.world_size
         return [f"cuda:{r % len(self.gpus)}" for r in range(self.world_size)]
 
+    def physical_gpus(self, devices: list[str]) -> dict[int, str]:
+        """The GPUs among `devices`, as CUDA index -> physical id (the id CUDA_VISIBLE_DEVICES
+        gave it), each once, in order: what a run uses, not all that it can see."""
+        indexes = sorted({int(d[5:]) for d in devices if d.startswith("cuda:")})
+        return {i: self.gpus[i] for i in indexes}
+
     @property
     def backend(self) -> str:
         return "nccl" if self.on_cuda else "gloo"

@@ -41,6 +41,10 @@ LONGEST_FIRST = [
 ]
 
 
+# fixtures of tests/e2e/test_compose_e2e.py that need a Docker engine or its tools
+DOCKER_FIXTURES = {"tools", "engine", "standins", "images", "compose"}
+
+
 def group_of(item: pytest.Item) -> str | None:
     path = Path(item.path)
     if not path.is_relative_to(TESTS / "e2e"):
@@ -50,13 +54,16 @@ def group_of(item: pytest.Item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark e2e tests, keep each e2e module on one worker (its module-scoped fixtures, a
-    trained reference run or a fetched project, are then built once), longest groups first."""
+    """Mark e2e tests, and those that need Docker (`-m "not docker"` leaves them out); keep
+    each e2e module on one worker (its module-scoped fixtures, a trained reference run or a
+    fetched project, are then built once), longest groups first."""
     for item in items:
         group = group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.xdist_group(group))
+        if DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)
 
     def rank(item: pytest.Item) -> int:
         group = group_of(item)

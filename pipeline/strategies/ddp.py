@@ -22,7 +22,7 @@ from pipeline.strategies.base import (
     gpu_count_or_nproc,
     writer_buffers,
 )
-from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
+from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm, unsynced_note
 
 FACTS = StrategyFacts(
     name="ddp",
@@ -51,6 +51,8 @@ def parallelize(
     def reduce_grads_if(is_last: bool) -> AbstractContextManager:
         return nullcontext() if is_last else ddp.no_sync()
 
+    note = None if options.sync_bn else unsynced_note("ddp", plan.per_rank, plan.data_world)
+    notes = (note,) if note else ()
     return DataParallelRun(
         module=ddp,
         forward=ddp,
@@ -59,5 +61,6 @@ def parallelize(
         batch_split=[plan.per_rank] * ctx.world_size,
         reduce_grads_if=reduce_grads_if,
         full_state_dict=lambda: {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        notes=notes,
         before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
     )

@@ -33,7 +33,7 @@ from pipeline.strategies.base import (
     gpu_count_or_nproc,
     writer_buffers,
 )
-from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm
+from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm, unsynced_note
 
 FACTS = StrategyFacts(
     name="fsdp",
@@ -96,6 +96,8 @@ def parallelize(
         }
 
     notes = []
+    if not options.sync_bn and (note := unsynced_note("fsdp", plan.per_rank, plan.data_world)):
+        notes.append(note)
     if options.mixed_precision != "none":
         notes.append(
             f"fsdp mixed precision: {options.mixed_precision} parameters in "

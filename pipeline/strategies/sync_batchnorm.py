@@ -80,3 +80,16 @@ def _swap_cpu(module: nn.Module) -> nn.Module:
     for name, child in module.named_children():
         setattr(module, name, _swap_cpu(child))
     return module
+
+
+def unsynced_note(name: str, per_rank: int, world: int) -> str | None:
+    """What BatchNorm computes when a data-parallel strategy runs without sync_bn (None on
+    one rank, where the rank's share is the whole micro-batch)."""
+    if world < 2:
+        return None
+    return (
+        f"{name}: sync_bn is off: BatchNorm normalises each rank's {per_rank} sample(s) per "
+        f"forward with that rank's own statistics, not the micro-batch's {per_rank * world} as "
+        f"in single; before each evaluation every rank takes rank 0's running statistics, "
+        f"which model.pt holds"
+    )

@@ -12,7 +12,7 @@ import os
 import platform
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -62,23 +62,24 @@ def stack_tags(root: Path = Path(".")) -> dict[str, str]:
     }
 
 
-def gpu_tags(gpus: tuple[str, ...]) -> dict[str, str]:
-    """Names of the GPUs the run uses, by physical id: "3: NVIDIA H100, 5: NVIDIA H100"."""
+def gpu_tags(gpus: Mapping[int, str]) -> dict[str, str]:
+    """Names of the GPUs the run uses (CUDA index -> physical id), by physical id:
+    "3: NVIDIA H100, 5: NVIDIA H100"."""
     if not gpus:
         return {"gpu_names": "none (CPU)"}
     import torch
 
-    names = [_safe(functools.partial(torch.cuda.get_device_name, j)) for j in range(len(gpus))]
-    return {"gpu_names": ", ".join(f"{g}: {n}" for g, n in zip(gpus, names))}
+    names = {j: _safe(functools.partial(torch.cuda.get_device_name, j)) for j in gpus}
+    return {"gpu_names": ", ".join(f"{g}: {names[j]}" for j, g in gpus.items())}
 
 
-def gpu_uuids(gpus: tuple[str, ...]) -> Optional[dict[str, str]]:
+def gpu_uuids(gpus: Mapping[int, str]) -> Optional[dict[str, str]]:
     """Physical id -> NVML UUID ("GPU-..."), so an NVML sampler can pick exactly these GPUs
     (NVML numbers GPUs in PCI order, which need not be CUDA's); None if CUDA cannot say."""
     import torch
 
     try:
-        return {g: f"GPU-{torch.cuda.get_device_properties(j).uuid}" for j, g in enumerate(gpus)}
+        return {g: f"GPU-{torch.cuda.get_device_properties(j).uuid}" for j, g in gpus.items()}
     except Exception:  # noqa: BLE001 - then the sampler keeps MLflow's choice of GPUs
         return None
 

@@ -2,7 +2,9 @@
 switches that go with them (TF32, cuDNN autotuning, torch.compile).
 
 `train.precision`:
-  auto  bf16 on a GPU, fp32 on the CPU (measured: README "Performance").
+  auto  bf16 on a GPU of compute capability 8.0 or newer (native bfloat16), fp16 with loss
+        scaling on an older GPU (bf16 would be emulated there), fp32 on the CPU (measured:
+        README "Performance").
   fp32  IEEE fp32. On CUDA TF32 is switched off for convolutions as well as matmuls (PyTorch
         allows it for cuDNN convolutions by default), so fp32 means fp32 on every GPU.
   fp64  fp64 parameters and inputs, for exact cross-strategy parity tests.
@@ -59,16 +61,57 @@ class Precision:
         self.scaler.update()
 
 
-def build_precision(name: str, device: torch.device) -> Precision:
+NATIVE_BF16 = (8, 0)  # compute capability from which a GPU has bfloat16 units (Ampere)
+
+
+def auto_choice(kind: str, capability: Optional[tuple[int, int]]) -> tuple[str, list[str]]:
+    """What `precision: auto` runs, and the note that says why where it is not the obvious
+    bf16: fp32 on the CPU; bf16 on a GPU with native bfloat16; fp16 with loss scaling on an
+    older GPU, where bf16 would be emulated (torch.cuda.is_bf16_supported() counts emulation
+    unless asked not to)."""
+    if kind != "cuda":
+        return "fp32", []
+    if capability is not None and capability >= NATIVE_BF16:
+        return "bf16", []
+    cc = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+    return "fp16", [
+        f"precision auto: this GPU (compute capability {cc}) has no native bfloat16; fp16 "
+        "autocast with loss scaling instead"
+    ]
+
+
+def gpu_capability(device: torch.device) -> Optional[tuple[int, int]]:
+    """The GPU's compute capability; None for the CPU, or where CUDA cannot say."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major, minor
+
+
+def build_precision(
+    name: str, device: torch.device, capability: Optional[tuple[int, int]] = None
+) -> Precision:
+    """`capability`: the GPU's compute capability; None reads it from `device` (a seam for
+    the tests, which have no GPU)."""
     kind = device.type
+    if capability is None:
+        capability = gpu_capability(device)
+    notes: list[str] = []
     if name == "auto":
-        name = "bf16" if kind == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        name, notes = auto_choice(kind, capability)
+    precision = _resolve(name, kind, capability)
+    precision.notes[:0] = notes
+    return precision
+
+
+def _resolve(name: str, kind: str, capability: Optional[tuple[int, int]]) -> Precision:
+    native_bf16 = capability is not None and capability >= NATIVE_BF16
     if name == "fp64":
         return Precision("fp64", torch.float64, kind)
     if name == "fp32":
         return Precision("fp32", torch.float32, kind)
     if name == "tf32":
-        if kind == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+        if kind == "cuda" and native_bf16:  # TF32 arrived with the same generation
             return Precision("tf32", torch.float32, kind)
         return fallback(
             name,
@@ -76,8 +119,10 @@ def build_precision(name: str, device: torch.device) -> Precision:
             "TF32 needs the tensor cores of a CUDA GPU of compute capability 8.0 or newer",
         )
     if name == "bf16":
-        if kind == "cuda" and not torch.cuda.is_bf16_supported():
-            return fallback(name, kind, "this GPU has no bfloat16 support")
+        if kind == "cuda" and not native_bf16:
+            return fallback(
+                name, kind, "this GPU has no native bfloat16 (compute capability < 8.0)"
+            )
         return Precision("bf16", torch.float32, kind, AUTOCAST["bf16"])
     if name == "fp16":
         if kind != "cuda":

@@ -52,19 +52,20 @@ class RunRecorder:
     def _open_tracker(self, cfg: Config) -> Tracker:
         """The MLflow run (a resumed run continues the same one), its system metrics started."""
         run, ctx = self.training.run, self.ctx
+        gpus = ctx.physical_gpus(run.devices)  # the run's, not every GPU it could see
         tags = {
             **base_tags(),
             "strategy": self.name,
             "world_size": str(ctx.world_size),
             "backend": ctx.backend if ctx.world_size > 1 else "none",
             "devices": ",".join(run.devices),
-            "gpus": ",".join(ctx.gpus) or "cpu",
+            "gpus": ",".join(gpus.values()) or "cpu",
             "batch_split": "+".join(map(str, run.batch_split)),
             "dvc_stage": f"train@{self.name}",
             "parallel_lab_fingerprint": self.key,  # what results/<strategy>/metrics.json calls it
             # MLflow's run description: what the comparison must be read with
             "mlflow.note.content": "\n".join(self.training.notes),
-            **gpu_tags(ctx.gpus),
+            **gpu_tags(gpus),
         }
         params: dict[str, Any] = {
             **flatten(cfg),
@@ -83,7 +84,7 @@ class RunRecorder:
         )
         tracker.publish(self.history)
         tracker.start_system_metrics(
-            cfg.report.system_metrics_interval_s, gpu_uuids(ctx.gpus), resume=bool(self.history)
+            cfg.report.system_metrics_interval_s, gpu_uuids(gpus), resume=bool(self.history)
         )
         for note in self.training.notes:
             self.say(f"note: {note}")

@@ -139,3 +139,11 @@ def test_auto_on_this_gpu_less_machine():
     assert choose_devices("cpu", {"NVIDIA_VISIBLE_DEVICES": "all"}) == []
     with pytest.raises(UserError, match="devices: auto found NVIDIA GPUs"):
         choose_devices("auto", {"NVIDIA_VISIBLE_DEVICES": "all"})
+
+
+def test_a_run_is_tagged_with_the_gpus_it_uses_not_all_it_sees():
+    """single on devices "3,5,6": torchrun sees three GPUs, the run computes on cuda:0 only."""
+    ctx = DistContext(rank=0, local_rank=0, world_size=1, gpus=("3", "5", "6"))
+    assert ctx.physical_gpus(["cuda:0"]) == {0: "3"}
+    assert ctx.physical_gpus(["cuda:0", "cuda:1", "cuda:1"]) == {0: "3", 1: "5"}
+    assert ctx.physical_gpus(["cpu"]) == {}

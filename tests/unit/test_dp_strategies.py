@@ -25,6 +25,7 @@ from pipeline.strategies.balanced_dp import (
     split_inputs,
 )
 from pipeline.strategies.replica_autocast import InAutocast, keep_autocast
+from pipeline.strategies.sync_batchnorm import unsynced_note
 from support import parallelize, strategy_nproc
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
@@ -255,3 +256,10 @@ def test_replica_threads_lose_the_autocast_dtype_unless_kept():
     with torch.autocast("cpu", dtype=torch.float16):
         (kept,) = keep_autocast([model], device_type="cpu")
     assert autocast_dtype_in_a_thread(kept) == torch.float16
+
+
+def test_unsynced_batchnorm_is_noted_for_the_data_parallel_strategies():
+    """ddp and fsdp with sync_bn false: each rank's BatchNorm sees only its share."""
+    note = unsynced_note("ddp", per_rank=8, world=2)
+    assert note is not None and "each rank's 8 sample(s)" in note and "micro-batch's 16" in note
+    assert unsynced_note("fsdp", per_rank=16, world=1) is None  # one rank: the whole batch

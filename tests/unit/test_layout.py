@@ -252,3 +252,28 @@ def test_each_layer_imports_only_from_below():
             if target != "pipeline" and (theirs is None or theirs > mine):
                 upward.append(f"{name} -> {target}")
     assert upward == []
+
+
+def test_the_pre_commit_hook_is_exactly_make_lint():
+    config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert [(h["entry"], h["language"], h["pass_filenames"]) for h in hooks] == [
+        ("make lint", "system", False)
+    ]
+
+
+def test_the_docker_marker_selects_the_container_tests():
+    def collected(*args: str) -> set[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return {line for line in proc.stdout.splitlines() if "::" in line}
+
+    docker = collected("-m", "docker", "tests/e2e/test_compose_e2e.py")
+    assert docker and all("test_compose_e2e.py" in t for t in docker)
+    rest = collected("-m", "not docker", "tests/e2e/test_compose_e2e.py")
+    assert rest == {"tests/e2e/test_compose_e2e.py::test_mlflow_image_pins_match_the_lock"}

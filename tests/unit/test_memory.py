@@ -128,7 +128,7 @@ def test_provenance_on_a_machine_without_gpus(monkeypatch):
     assert tags["container_image"] == "registry/parallel-lab:1"
     assert all(isinstance(v, str) and v for v in tags.values())
     assert len(tags["params_sha256"]) == 64
-    assert gpu_tags(()) == {"gpu_names": "none (CPU)"} and gpu_uuids(()) == {}
+    assert gpu_tags({}) == {"gpu_names": "none (CPU)"} and gpu_uuids({}) == {}
 
 
 def test_devices_of_several_nodes_keep_their_node():

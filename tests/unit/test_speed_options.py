@@ -25,11 +25,13 @@ from pipeline.data.loaders import (
 )
 from pipeline.errors import UserError
 from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
+from pipeline.training import precision
 from pipeline.training.build import fit_to_strategy
 from pipeline.training.checkpoint import Checkpointer, Position
 from pipeline.training.model import build_model
 from pipeline.training.optim import loss_function, lr_at, make_optimizer
 from pipeline.training.precision import (
+    auto_choice,
     build_precision,
     compile_forward,
     configure_backends,
@@ -187,6 +189,34 @@ def test_bf16_autocasts_on_cpu_and_keeps_fp32_parameters():
         out = model(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16 and model.weight.dtype == torch.float32
     assert prec.notes == [] and prec.scaler is None
+
+
+@pytest.mark.parametrize(
+    "kind, capability, name, noted",
+    [
+        ("cpu", None, "fp32", False),
+        ("cuda", (9, 0), "bf16", False),  # H100
+        ("cuda", (8, 0), "bf16", False),  # A100: the first with bfloat16 units
+        ("cuda", (7, 5), "fp16", True),  # T4: bf16 would be emulated
+        ("cuda", (7, 0), "fp16", True),  # V100
+    ],
+)
+def test_auto_takes_bf16_only_where_the_gpu_has_it(kind, capability, name, noted):
+    chosen, notes = auto_choice(kind, capability)
+    assert chosen == name and bool(notes) == noted
+    if noted:
+        assert f"compute capability {capability[0]}.{capability[1]}" in notes[0]
+        assert "fp16" in notes[0] and "loss scaling" in notes[0]
+
+
+def test_bf16_asked_of_an_old_gpu_falls_back_with_a_note():
+    """Through the capability seam (no GPU here): the Precision a V100 gets for bf16."""
+    prec = build_precision("bf16", CPU, capability=(7, 0))
+    assert prec.name == "bf16"  # on the CPU the capability does not matter
+    old = precision._resolve("bf16", "cuda", (7, 0))
+    assert old.name == "fp32" and "no native bfloat16" in old.notes[0]
+    assert precision._resolve("bf16", "cuda", (8, 6)).autocast_dtype == torch.bfloat16
+    assert precision._resolve("tf32", "cuda", (7, 5)).name == "fp32"
 
 
 def test_fp64_is_plain_fp64():
