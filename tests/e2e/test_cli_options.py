@@ -5,7 +5,7 @@ import json
 from pipeline.strategies.gpu0_autotune import (
     CHOSEN_KEY,
 )
-from support import run
+from support import LEARNED, run
 
 
 def test_cli_run_with_auto_completes_and_records_the_resolution(fetched_project):
@@ -32,7 +32,6 @@ def test_single_trains_with_the_options_combined(fetched_project):
         "single",
         "data.loader=dataloader",
         "data.workers=0",
-        "data.augment=true",
         "train.precision=fp16",
         "train.channels_last=true",
         "train.lr_schedule=onecycle",
@@ -40,8 +39,10 @@ def test_single_trains_with_the_options_combined(fetched_project):
         "train.label_smoothing=0.1",
     )
     metrics = json.loads((project / "results/single/metrics.json").read_text())
-    # Well above chance (0.1; measured 0.34). Not LEARNED: the tests' classes are bands at
-    # different heights, and augmentation's random crop moves a band by up to 4 rows, the
-    # height of two classes, so here it turns into label noise.
-    assert metrics["epochs"] == 2 and metrics["test_acc"] >= 0.25, metrics["test_acc"]
+    # Measured 0.90 (AVX-512 kernels) and 1.00 (AVX2: ATEN_CPU_CAPABILITY=avx2
+    # ONEDNN_MAX_CPU_ISA=AVX2) against the bound of 0.5. No augmentation here: the tests'
+    # classes are bands at different heights, which a random crop moves by up to two classes'
+    # height, so augmented runs measured 0.34 (AVX-512) and 0.23 (AVX2): label noise, not a
+    # bound to hold. Augmentation's batches are checked exactly in tests/unit.
+    assert metrics["epochs"] == 2 and metrics["test_acc"] >= LEARNED, metrics["test_acc"]
     assert any(n.startswith("precision fp16 on cpu") for n in metrics["notes"])

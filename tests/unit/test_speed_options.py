@@ -99,6 +99,18 @@ def test_augmented_ranks_together_train_singles_batch(tensors):
     assert not torch.equal(single[0][1][0][0], torch.cat([x for x, _ in plain[0][1]]))
 
 
+def test_the_dataloader_path_augments_with_torchvisions_transforms(tensors, raw_dataset):
+    """data.loader=dataloader with data.augment: every batch is cropped and flipped by
+    torchvision (so differs from the plain batch of the same samples), shapes unchanged."""
+    plain = list(dataloader_batches(tensors, raw_dataset[0]).epoch(0))
+    torch.manual_seed(0)  # torchvision's transforms draw from the global generator
+    augmented = list(dataloader_batches(tensors, raw_dataset[0], "data.augment=true").epoch(0))
+    assert len(plain) == len(augmented) == 16
+    for (_, [(x, y)]), (_, [(xa, ya)]) in zip(plain, augmented):
+        assert x.shape == xa.shape == (32, 1, 28, 28) and torch.equal(y, ya)
+        assert not torch.equal(x, xa)
+
+
 # --- the two loaders ----------------------------------------------------------------------
 
 
