@@ -235,7 +235,13 @@ def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory / 'mlflow.db'}"
     tracker = Tracker(
-        directory / "run.json", "bench", name, base_tags(), flatten(cfg), fingerprint=name
+        directory / "run.json",
+        "bench",
+        name,
+        base_tags(),
+        flatten(cfg),
+        fingerprint=name,
+        fresh=True,
     )
     tracker.publish([])
     tracker.start_system_metrics(

@@ -15,5 +15,6 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
     strategies/  one module per strategy (single, dp, balanced_dp, ddp, fsdp,
                  pipeline_parallel) and the helpers only strategies use
     tracking/    the MLflow run (Tracker), system metrics, provenance tags, the comparison run
-    reporting/   the comparison table, plots, pages, the experiments table
+    reporting/   the answer (which strategy per objective), the comparison table, plots,
+                 pages, the experiments table
 """

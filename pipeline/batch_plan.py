@@ -72,6 +72,13 @@ class BatchPlan:
     def samples_per_epoch(self) -> int:
         return self.steps * self.batch_size
 
+    def samples_from(self, step: int) -> int:
+        """Samples (over every rank) of an epoch's steps `step`..end: what a process that
+        resumed the epoch at `step` trained of it (every sample of it from step 0)."""
+        if not 0 <= step <= self.steps:
+            raise ValueError(f"BatchPlan.samples_from: step {step} outside 0..{self.steps}")
+        return (self.steps - step) * self.batch_size
+
     def data_rank(self, rank: int) -> int:
         """Which share of each micro-batch process `rank` trains (0 when one trains it all)."""
         return rank if self.data_world > 1 else 0

@@ -1,9 +1,12 @@
 """DVC stage `compare`: one report comparing every strategy in `strategies`.
 
-Reads results/<strategy>/ (metrics.json, history.csv) and writes reports/: index.html (the
-table and the plots in one self-contained page), summary.md, summary.json (DVC metrics),
-accuracy.csv (DVC plots) and four PNGs. In MLflow it groups this repro's strategy runs under a
-parent run "comparison" that holds the report. Prints the table.
+Reads results/<strategy>/ (metrics.json, history.csv) and writes reports/: index.html (which
+strategy to use on this hardware per objective, then the table and the plots in one
+self-contained page), summary.md, summary.json (DVC metrics), recommendation.json, accuracy.csv
+(DVC plots) and four PNGs. In MLflow it groups this repro's strategy runs under a parent run
+"comparison" that holds the report, and registers the recommended strategy's logged model as a
+version of the registered model named after the experiment. Prints the recommendation and the
+table.
 """
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ class CheckpointConfig:
     resume_from: Optional[str] = None
     """Continue from another run's checkpoint directory (e.g. checkpoints/ddp copied from
     another machine) when this configuration has none of its own. It must come from the
-    same model and strategy at the same world size."""
+    same model and strategy; it may have been saved by another number of processes (the
+    model and optimizer state reshard)."""
 
 
 @dataclass

@@ -1,5 +1,9 @@
 """Per-device peak memory of one epoch: reset, read, gather to the writer, summarize.
 
+Each epoch is measured twice: its training steps (reset before them, read after them) and its
+evaluation (reset again, read after it), kept apart: "gpu3/peak_allocated_mib" is training's,
+"gpu3/eval_peak_allocated_mib" evaluation's (EVAL).
+
 On GPUs a process reads torch.cuda.max_memory_allocated/reserved of every device it computes
 on: its own under one-process-per-device strategies, all of them under DataParallel, whose
 extra devices live in the one process. On the CPU the figure is the peak resident set size of
@@ -139,50 +143,63 @@ def share_key(kind: str) -> str:
     return f"{kind}0_share"
 
 
-def epoch_metrics(peaks: list[DevicePeak]) -> dict[str, float]:
-    """MLflow metrics of one epoch: every device's peaks, the imbalance and device 0's share."""
+EVAL = "eval_"  # the prefix of evaluation's figures; training's have none
+
+
+def epoch_metrics(
+    peaks: list[DevicePeak], eval_peaks: Optional[list[DevicePeak]] = None
+) -> dict[str, float]:
+    """MLflow metrics of one epoch: every device's peaks over the training steps, the
+    imbalance and device 0's share; the same of evaluation, prefixed EVAL, when given
+    ("gpu3/eval_peak_allocated_mib", "eval_mem_imbalance", "eval_gpu0_share")."""
+    out = _phase_metrics(peaks, "")
+    if eval_peaks is not None:
+        out.update(_phase_metrics(eval_peaks, EVAL))
+    return out
+
+
+def _phase_metrics(peaks: list[DevicePeak], prefix: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for p in peaks:
         if p.reserved_mib is None:
-            out[f"{p.label}/peak_rss_mib"] = p.allocated_mib
+            out[f"{p.label}/{prefix}peak_rss_mib"] = p.allocated_mib
         else:
-            out[f"{p.label}/peak_allocated_mib"] = p.allocated_mib
-            out[f"{p.label}/peak_reserved_mib"] = p.reserved_mib
+            out[f"{p.label}/{prefix}peak_allocated_mib"] = p.allocated_mib
+            out[f"{p.label}/{prefix}peak_reserved_mib"] = p.reserved_mib
     values = [p.allocated_mib for p in peaks]
-    out["mem_imbalance"] = imbalance(values)
-    out[share_key(peaks[0].kind)] = first_share(values)
+    out[f"{prefix}mem_imbalance"] = imbalance(values)
+    out[prefix + share_key(peaks[0].kind)] = first_share(values)
     return out
 
 
 METRIC = re.compile(
-    r"^(?P<label>(node\d+\.)?(gpu|cpu)[^/]+)/peak_(?P<what>allocated|reserved|rss)_mib$"
+    r"^(?P<label>(node\d+\.)?(gpu|cpu)[^/]+)/(?P<phase>eval_)?"
+    r"peak_(?P<what>allocated|reserved|rss)_mib$"
 )
 
 
 def run_summary(epochs: list[dict[str, float]]) -> dict:
     """For metrics.json, from each epoch's `epoch_metrics` (which a resumed run restores): each
-    device's highest peaks over the epochs, and the imbalance of those."""
-    allocated: dict[str, float] = {}
-    reserved: dict[str, float] = {}
+    device's highest peaks over the epochs, and the imbalance of those, for the training steps
+    (peak_memory_mib, peak_reserved_mib, mem_imbalance, gpu0_share) and for evaluation (the
+    same keys prefixed EVAL)."""
+    allocated: dict[str, dict[str, float]] = {"": {}, EVAL: {}}
+    reserved: dict[str, dict[str, float]] = {"": {}, EVAL: {}}
     for row in epochs:
         for key, value in row.items():
             m = METRIC.match(key)
             if m:
-                into = reserved if m["what"] == "reserved" else allocated
+                into = (reserved if m["what"] == "reserved" else allocated)[m["phase"] or ""]
                 into[m["label"]] = max(into.get(m["label"], 0.0), value)
-    kind = "gpu" if reserved else "cpu"
-    values = list(allocated.values())
-    if not values:  # epochs recorded before memory was measured (an old checkpoint)
-        return {
-            "memory_kind": "none",
-            "peak_memory_mib": {},
-            "peak_reserved_mib": {},
-            "mem_imbalance": None,
-        }
-    return {
-        "memory_kind": kind,  # "gpu": allocated by tensors; "cpu": peak RSS per process
-        "peak_memory_mib": {k: round(v, 1) for k, v in allocated.items()},
-        "peak_reserved_mib": {k: round(v, 1) for k, v in reserved.items()},
-        "mem_imbalance": imbalance(values),
-        share_key(kind): first_share(values),
-    }
+    kind = "gpu" if reserved[""] or reserved[EVAL] else "cpu"
+    if not allocated[""]:  # epochs recorded before memory was measured (an old checkpoint)
+        kind = "none"
+    out: dict = {"memory_kind": kind}  # "gpu": allocated by tensors; "cpu": peak RSS per process
+    for prefix in ("", EVAL):
+        values = list(allocated[prefix].values())
+        out[f"{prefix}peak_memory_mib"] = {k: round(v, 1) for k, v in allocated[prefix].items()}
+        out[f"{prefix}peak_reserved_mib"] = {k: round(v, 1) for k, v in reserved[prefix].items()}
+        out[f"{prefix}mem_imbalance"] = imbalance(values) if values else None
+        if values:
+            out[prefix + share_key(kind)] = first_share(values)
+    return out

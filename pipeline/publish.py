@@ -4,7 +4,8 @@ Training never waits for MLflow: each strategy's writer keeps its run's identity
 tags in checkpoints/<strategy>/run.json and its per-epoch history in the checkpoint record,
 and pushes every epoch and at the end of the stage. If the server was still down then, run
 this once it is back (MLFLOW_TRACKING_URI names it): it creates missing runs, logs the epochs
-MLflow lacks (never twice), uploads the artifacts and sets the final status. Safe to run any
+MLflow lacks (never twice), uploads the artifacts, logs the final model as an MLflow model
+(once) and sets the final status. Safe to run any
 number of times.
 """
 
@@ -29,11 +30,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     # Imported once the command line is read: it loads torch (checkpoint records), which
     # --help and bad input need not wait for.
     from pipeline.tracking.publish import publish_strategy
+    from pipeline.training.final_model import model_source
 
     unreachable, refused = [], []
     for name in cfg.strategies:
         try:
-            print(f"publish: {publish_strategy(name)}", flush=True)
+            print(f"publish: {publish_strategy(name, model_of=model_source)}", flush=True)
         except UserError as err:  # this strategy's files disagree: the others still go
             refused.append(str(err))
             print(f"publish: {name}: {err}", file=sys.stderr, flush=True)

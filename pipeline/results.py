@@ -30,7 +30,9 @@ RESULTS = Path("results")
 CHECKPOINTS = Path("checkpoints")
 RUN_RECORD, CHECKPOINT_RECORD = "run.json", "latest.json"
 MODEL, METRICS, HISTORY, CONFIG = "model.pt", "metrics.json", "history.csv", "config.yaml"
-ARTIFACTS = (METRICS, HISTORY, CONFIG, MODEL)  # what each strategy's MLflow run gets
+# what each strategy's MLflow run gets as files; model.pt also goes in as the MLflow model
+# "model" (tracking/mlflow_run.py `log_final_model`)
+ARTIFACTS = (METRICS, HISTORY, CONFIG, MODEL)
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,17 @@ class EpochRow:
     train_acc: float
     test_loss: float
     test_acc: float
-    epoch_seconds: float  # training only, device synchronised at the end
-    samples_per_s: float
+    epoch_seconds: float  # training only (the steps this process ran), device synchronised
+    samples_per_s: float  # the samples of those steps / epoch_seconds
     wall_seconds: float  # since training began (a resumed run goes on counting)
     ended_at: float = 0.0  # Unix time the epoch ended: its metrics' timestamp in MLflow
-    # pipeline.memory.epoch_metrics: "gpu3/peak_allocated_mib", "mem_imbalance", ...
+    # The first epoch its process ran, started fresh or resumed (possibly mid-epoch): it paid
+    # the one-off work of a process start (allocator growth, cuDNN autotuning, NCCL set-up,
+    # torch.compile), so steady figures leave it out (`is_warmup`). history.csv and MLflow
+    # carry it as 0/1; records written before it existed read as False.
+    warmup: bool = False
+    # pipeline.memory.epoch_metrics: "gpu3/peak_allocated_mib" (training steps),
+    # "gpu3/eval_peak_allocated_mib" (evaluation), "mem_imbalance", ...
     memory: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
@@ -60,6 +68,8 @@ class EpochRow:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> EpochRow:
         known = {name: record[name] for name in HISTORY_COLUMNS if name in record}
+        if "warmup" in known:  # history.csv holds 0/1, read back as a number
+            known["warmup"] = bool(known["warmup"])
         memory = {k: v for k, v in record.items() if k not in HISTORY_COLUMNS}
         return cls(**known, memory=memory)
 
@@ -88,7 +98,8 @@ class RunSummary:
     steady_epoch_seconds: float
     steady_samples_per_s: float
     # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
-    # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share")
+    # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share") of the training
+    # steps; the same of evaluation prefixed "eval_" (eval_peak_memory_mib, ...)
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # The run's identity (pipeline/training/identity.py). Its MLflow run is found through it:
@@ -112,17 +123,38 @@ class RunSummary:
         )
 
 
-def warmup_seconds(epoch_seconds: list[float]) -> float:
-    """The first epoch: it pays for one-off work (allocator growth, cuDNN autotuning, NCCL
-    set-up, compilation), so it is reported apart."""
-    return epoch_seconds[0]
+def is_warmup(row: EpochRow) -> bool:
+    """An epoch that paid a process start's one-off work: marked so by its process, or epoch 1
+    (always a fresh start's first; also in histories recorded before the mark existed)."""
+    return row.warmup or row.epoch == 1
 
 
-def steady_seconds(epoch_seconds: list[float]) -> float:
-    """Median of the epochs after the first; with one epoch there is no steady state and that
-    epoch stands in (the warm-up then equals the steady figure)."""
-    rest = epoch_seconds[1:] or epoch_seconds
-    return statistics.median(rest)
+def steady_rows(history: list[EpochRow]) -> list[EpochRow]:
+    """The epochs steady figures are taken over: every one not a warm-up. When all of them
+    are (a 1-epoch run, or every epoch in a process of its own) there is no steady state to
+    tell apart and they all stand in (the warm-up then equals the steady figure)."""
+    return [r for r in history if not is_warmup(r)] or history
+
+
+def warmup_seconds(history: list[EpochRow]) -> float:
+    """Epoch 1's seconds, the fresh start's warm-up: reported apart. (A resumed epoch is a
+    warm-up too, left out of the steady figures, but it ran only part of an epoch's steps.)"""
+    return history[0].epoch_seconds
+
+
+def steady_seconds(history: list[EpochRow]) -> float:
+    """Median seconds of the steady epochs (`steady_rows`)."""
+    return statistics.median(r.epoch_seconds for r in steady_rows(history))
+
+
+def steady_samples_per_s(history: list[EpochRow]) -> float:
+    """The steady epochs' median samples over their median seconds (`steady_seconds`), so
+    throughput and speedup tell the same story; an epoch's samples are those of the steps its
+    process ran (samples_per_s x epoch_seconds): every steady epoch is a whole one, a resumed
+    epoch that stands in for lack of any counts only its own steps."""
+    rows = steady_rows(history)
+    samples = statistics.median(r.samples_per_s * r.epoch_seconds for r in rows)
+    return samples / statistics.median(r.epoch_seconds for r in rows)
 
 
 def write_results(
@@ -139,6 +171,8 @@ def write_results(
 
 def history_csv(history: list[EpochRow]) -> str:
     def cell(name: str, value: float | int) -> str:
+        if isinstance(value, bool):
+            return str(int(value))  # 0/1: a number for DVC plots and read_history
         if name == "ended_at":
             return f"{value:.3f}"  # a Unix time: 6 significant digits would lose the day
         return f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -35,6 +35,7 @@ LONGEST_FIRST = [
     "every_strategy",
     "test_reliability",
     "test_compose_e2e",
+    "test_sharded_checkpoints",
     "test_parity",
     "test_scale_out",
     "test_dvc_pipeline",

@@ -1,8 +1,11 @@
 """The compare stage's work: results/<strategy>/ of every strategy -> reports/, and the
-strategy runs grouped in MLflow under a parent run "comparison" holding the report.
+strategy runs grouped in MLflow under a parent run "comparison" holding the report; the
+recommended strategy's model registered in MLflow.
 
 reports/:
-  summary.md, index.html  the table (table.py) and the plots (plots.py; pages.py)
+  summary.md, index.html  the answer (answer.py), the table (table.py) and the plots
+                          (plots.py; pages.py)
+  recommendation.json     the answer: one recommendation per objective, with its reasons
   summary.json            every column, keyed by strategy (DVC metrics)
   accuracy.csv            test accuracy by epoch, one column per strategy (DVC plots)
   accuracy_vs_epoch.png, accuracy_vs_time.png, throughput.png, memory.png
@@ -15,12 +18,18 @@ from pathlib import Path
 
 from pipeline.config import MlflowConfig, ReportConfig
 from pipeline.files import atomic_write
-from pipeline.reporting import table
+from pipeline.reporting import answer, table
 from pipeline.reporting.pages import html_page, markdown_page
 from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.results import read_history, read_summary
 from pipeline.strategies import NAMES, check_names
-from pipeline.tracking.comparison import close_comparison, open_comparison
+from pipeline.tracking.comparison import (
+    Registration,
+    close_comparison,
+    open_comparison,
+    register_model,
+    seed_accuracies,
+)
 from pipeline.tracking.provenance import base_tags
 from pipeline.tracking.publish import current_run_id
 
@@ -35,12 +44,20 @@ CHILD_METRICS = (
     "acc_delta_vs_single",
     "time_to_target_s",
 )
-REPORT_FILES = ("index.html", "summary.md", "summary.json", "accuracy.csv", *PLOTS)
+REPORT_FILES = (
+    "index.html",
+    "summary.md",
+    "summary.json",
+    "recommendation.json",
+    "accuracy.csv",
+    *PLOTS,
+)
 
 
 def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig) -> str:
-    """Write reports/ for the strategies `names` and group their runs in MLflow; returns the
-    table as markdown and the MLflow page that shows the runs side by side."""
+    """Write reports/ for the strategies `names`, group their runs in MLflow and register the
+    recommended strategy's model; returns the answer and the table as markdown and the MLflow
+    page that shows the runs side by side."""
     check_names(names)
     target = report.target_accuracy
     results = [read_summary(name) for name in names]
@@ -57,11 +74,22 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
         {"strategies": ",".join(names), "report.target_accuracy": target},
     )
 
+    # the noise estimate: each strategy's seed sweep among the runs in MLflow, if any
+    seeds = {r["strategy"]: seed_accuracies(r["mlflow_run_id"]) for r in rows} if mlflow else {}
+    answered = answer.recommend(rows, target, seeds)
+    registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)
+
     atomic_write(REPORTS / "summary.json", json.dumps(table.summary_json(rows), indent=2) + "\n")
+    atomic_write(
+        REPORTS / "recommendation.json",
+        json.dumps(answer.to_json(answered, registered), indent=2) + "\n",
+    )
     atomic_write(REPORTS / "accuracy.csv", table.accuracy_wide(histories, list(NAMES)))
     write_plots(rows, histories, target, REPORTS)
-    atomic_write(REPORTS / "summary.md", markdown_page(rows, target, mlflow))
-    atomic_write(REPORTS / "index.html", html_page(rows, target, mlflow, REPORTS))
+    atomic_write(REPORTS / "summary.md", markdown_page(rows, target, mlflow, answered, registered))
+    atomic_write(
+        REPORTS / "index.html", html_page(rows, target, mlflow, REPORTS, answered, registered)
+    )
 
     if mlflow is not None:
         close_comparison(
@@ -74,7 +102,30 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
         if mlflow is not None
         else "MLflow was unreachable: the runs are not grouped"
     )
-    return table.markdown_table(rows, target) + f"\n{where}\n"
+    return (
+        answer.markdown(answered, registered)
+        + "\n"
+        + table.markdown_table(rows, target)
+        + f"\n{where}\n"
+    )
+
+
+def register(
+    answered: answer.Answer, rows: list[dict], experiment: str, reachable: bool
+) -> Registration | None:
+    """The recommended strategy's logged model as a new version of the registered model named
+    after the MLflow experiment (the throughput pick, else the first objective's); None when
+    no objective recommends a strategy."""
+    choice = answered.choice()
+    if choice is None:
+        return None
+    objective, strategy = choice
+    title = next(r.title for r in answered.recommendations if r.objective == objective)
+    title = title[:1].lower() + title[1:]
+    run_id = next(r["mlflow_run_id"] for r in rows if r["strategy"] == strategy)
+    if not reachable:
+        return Registration(experiment, strategy, title, run_id, why_not="MLflow unreachable")
+    return register_model(experiment, strategy, title, run_id)
 
 
 def child_metrics(row: dict) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The report as pages: summary.md (plots linked) and index.html (plots embedded, so it opens
-from disk and can be mailed on its own)."""
+from disk and can be mailed on its own). Both open with the answer (answer.py): which strategy
+to use on this hardware, per objective; the table and the plots follow."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ import base64
 import html
 from pathlib import Path
 
-from pipeline.reporting import table
+from pipeline.reporting import answer, table
 from pipeline.reporting.plots import PLOTS
-from pipeline.tracking.comparison import Comparison
+from pipeline.tracking.comparison import Comparison, Registration
+
+TITLE = "parallel-lab: which strategy for this hardware"
 
 UNREACHABLE = "not grouped in MLflow: it was unreachable (`python -m pipeline.compare` again later)"
 
 
-def markdown_page(rows: list[dict], target: float | None, mlflow: Comparison | None) -> str:
+def markdown_page(
+    rows: list[dict],
+    target: float | None,
+    mlflow: Comparison | None,
+    answered: answer.Answer,
+    registered: Registration | None = None,
+) -> str:
     link = (
         f"**[Open these {len(mlflow.runs)} runs side by side in MLflow]({mlflow.url})** "
         f"(parent run `{mlflow.parent_id}`)"
@@ -22,7 +31,9 @@ def markdown_page(rows: list[dict], target: float | None, mlflow: Comparison | N
         else UNREACHABLE
     )
     parts = [
-        "# parallel-lab: strategy comparison\n",
+        f"# {TITLE}\n",
+        answer.markdown(answered, registered),
+        "## The comparison\n",
         link + "\n",
         table.markdown_table(rows, target),
         _legend(rows, target) + "\n",
@@ -33,7 +44,12 @@ def markdown_page(rows: list[dict], target: float | None, mlflow: Comparison | N
 
 
 def html_page(
-    rows: list[dict], target: float | None, mlflow: Comparison | None, directory: Path
+    rows: list[dict],
+    target: float | None,
+    mlflow: Comparison | None,
+    directory: Path,
+    answered: answer.Answer,
+    registered: Registration | None = None,
 ) -> str:
     link = (
         f'<p class="mlflow"><a href="{html.escape(mlflow.url)}">Open these '
@@ -53,7 +69,7 @@ def html_page(
         for n in r["notes"]
     )
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>parallel-lab: strategy comparison</title>
+<html><head><meta charset="utf-8"><title>{TITLE}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; font-size: 13px; }}
@@ -63,8 +79,20 @@ th {{ background: #f3f3f3; }} td:first-child, th:first-child {{ text-align: left
 img {{ max-width: 48%; margin: 1em 1% 0 0; border: 1px solid #eee; }}
 p.legend {{ max-width: 70em; font-size: 13px; color: #555; }}
 p.mlflow {{ font-size: 15px; }}
+section.answer {{ max-width: 72em; background: #f5f8fc; border: 1px solid #c9d7ea;
+  border-radius: 6px; padding: 0.4em 1.4em 0.8em; }}
+section.answer h2 {{ margin: 0.5em 0 0.4em; font-size: 1.3em; }}
+section.answer > ul {{ padding-left: 1.2em; margin: 0; }}
+section.answer > ul > li {{ margin: 0.55em 0; font-size: 15px; }}
+section.answer li ul {{ margin: 0.15em 0; font-size: 13px; color: #444; }}
+section.answer p {{ font-size: 13px; color: #444; margin: 0.6em 0 0; }}
+section.answer p.model {{ color: #222; }}
+span.pick {{ font-weight: 600; color: #0b5cad; }} span.none {{ color: #a33; }}
+section.answer code {{ background: #e8eef6; padding: 0 3px; border-radius: 3px; }}
 </style></head><body>
-<h1>parallel-lab: strategy comparison</h1>
+<h1>{TITLE}</h1>
+{answer.html_section(answered, registered)}
+<h2>The comparison</h2>
 {link}
 {table.html_table(rows, target)}
 <p class="legend">{html.escape(_legend(rows, target))}</p>
@@ -83,9 +111,23 @@ def _legend(rows: list[dict], target: float | None) -> str:
         "GPU memory"
     )
     return (
-        f"Steady s/epoch is the median of epochs 2..n (epoch 1 is the warm-up, shown "
-        f"apart); speedup and accuracy delta are against {table.BASELINE}; scaling "
-        f"efficiency = speedup / devices. Time to target = wall time until test accuracy "
-        f"first reached {target if target is not None else '(none set)'}. Memory: "
-        f"{memory}."
+        f"Steady s/epoch is the median over the epochs not marked warm-up (the first "
+        f"epoch each process ran: epoch 1, shown apart, and a resumed one), steady "
+        f"samples/s an epoch's samples over it; speedup and accuracy delta are against "
+        f"{table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
+        f"time until test accuracy first reached "
+        f"{target if target is not None else '(none set)'}. Memory: {memory}; the training "
+        f"peak (and its imbalance) covers the training steps only, the eval peak the "
+        f"evaluation after them, each reset before it. {EVAL_SPLIT}"
     )
+
+
+# how evaluation batches are split per device (pipeline/training/loop.py `evaluate`,
+# pipeline/data/device_data.py `eval_shard`)
+EVAL_SPLIT = (
+    "Evaluation: ddp and fsdp ranks each evaluate their strided share of the test set, single, "
+    "dp and balanced_dp the whole of it, in batches of train.eval_batch_size; dp splits each "
+    "batch over its GPUs in torch.chunk pieces, balanced_dp gives GPU 0 its per-forward "
+    "gpu0_bsz of it and the rest to the others; pipeline_parallel evaluates in its training "
+    "micro-batch shape (train.batch_size / train.grad_accum)."
+)

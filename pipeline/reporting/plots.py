@@ -1,5 +1,5 @@
 """The report's plots: test accuracy against epoch and wall time, steady throughput, per-device
-peak memory. Each strategy keeps one colour in every plot."""
+peak memory of the training steps. Each strategy keeps one colour in every plot."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
             textcoords="offset points",
         )
     ax.set(
-        ylabel="samples/s (median of epochs 2..n)",
+        ylabel="samples/s (steady epochs: no warm-up)",
         title=f"Steady-state throughput (speedup vs {BASELINE}, scaling efficiency)",
     )
     ax.margins(y=0.15)
@@ -105,7 +105,8 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
 
 def plot_memory(rows: list[dict], path: Path) -> None:
     """Grouped bars, one group per strategy, one bar per device in device order; device 0
-    in its own colour, so DataParallel's heavier GPU 0 stands out."""
+    in its own colour, so DataParallel's heavier GPU 0 stands out. The training steps' peaks
+    (evaluation's are in the table)."""
     gpu = rows[0]["memory_kind"] == "gpu"
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rows)), 4.2))
     widest = max(len(r["peak_memory_mib"]) for r in rows) or 1
@@ -144,9 +145,9 @@ def plot_memory(rows: list[dict], path: Path) -> None:
     what = "peak allocated per GPU (MiB)" if gpu else "peak RSS per process, CPU (MiB)"
     ax.set(
         ylabel=what,
-        title="Per-device peak memory"
+        title="Per-device peak memory, training steps"
         if gpu
-        else "Per-process peak memory (CPU run: resident set size)",
+        else "Per-process peak memory, training steps (CPU run: resident set size)",
     )
     handles = [
         plt.Rectangle((0, 0), 1, 1, color=DEVICE0_COLOUR),

@@ -1,8 +1,10 @@
 """The comparison's arithmetic and its table, as pure functions (no files, no plotting).
 
-Speed is judged on the steady state (pipeline.results.steady_seconds: the median of epochs
-2..n; the first epoch's one-off work is reported apart as the warm-up). Speedup and accuracy
-deltas are against `single` when it ran; scaling efficiency is speedup / devices.
+Speed is judged on the steady state (pipeline.results.steady_seconds: the median of the
+epochs not marked warm-up, i.e. neither epoch 1 nor the first epoch of a resumed process; epoch
+1's one-off work is reported apart as the warm-up). Speedup and accuracy deltas are against
+`single` when it ran; scaling efficiency is speedup / devices. Memory columns: the peak and
+imbalance are the training steps' (pipeline.memory), evaluation's peak is a column of its own.
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ def comparison_rows(
                 "acc_delta_vs_single": delta(r.test_acc, base.test_acc if base else None),
                 "epoch_to_target": epoch,
                 "time_to_target_s": seconds,
+                # evaluation's peaks: absent from results written before they were measured
+                "eval_peak_memory_mib": {},
                 # memory_kind, peak_memory_mib, peak_reserved_mib, mem_imbalance and device 0's
-                # share of the peak memory ("gpu0_share", or "cpu0_share" on the CPU)
+                # share of the peak memory ("gpu0_share", or "cpu0_share" on the CPU), of the
+                # training steps; the same of evaluation prefixed "eval_"
                 **r.memory,
                 "mlflow_run_id": None,  # the compare stage looks it up (tracking/publish.py)
                 "notes": r.notes,
@@ -87,7 +92,7 @@ def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
 
 
 def _memory_cell(v: dict, row: dict[str, Any]) -> str:
-    return ", ".join(f"{label} {mib:.0f}" for label, mib in v.items())
+    return ", ".join(f"{label} {mib:.0f}" for label, mib in v.items()) or "n/a"
 
 
 def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Callable]]:
@@ -113,8 +118,9 @@ def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, C
             "time to target" if target is None else f"time to acc {target:g}",
             _target_cell if target is not None else lambda v, row: "no target set",
         ),
-        ("peak_memory_mib", memory, _memory_cell),
-        ("mem_imbalance", "mem imbalance (max/mean)", _num(".2f")),
+        ("peak_memory_mib", f"training {memory}", _memory_cell),
+        ("mem_imbalance", "training mem imbalance (max/mean)", _num(".2f")),
+        ("eval_peak_memory_mib", f"eval {memory}", _memory_cell),
     ]
 
 

@@ -52,6 +52,10 @@ class StrategyFacts:
     cuda_graphs: bool = True
     # its parameters are sharded DTensors, which must stay contiguous: no channels_last
     sharded_parameters: bool = False
+    # whether, with these options, what a run computes is the same at any world size (the
+    # global batch, its order and the BatchNorm statistics all independent of the ranks): a
+    # checkpoint then resumes at another world size, resharded (identity.py)
+    same_at_any_world_size: Callable[[Any], bool] = lambda options: False
 
 
 @dataclass(frozen=True, kw_only=True)

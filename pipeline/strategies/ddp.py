@@ -29,6 +29,8 @@ FACTS = StrategyFacts(
     options=DdpConfig,
     spans_nodes=True,
     data_parallel=True,
+    # SyncBN normalises over the global micro-batch: ranks only split the work
+    same_at_any_world_size=lambda options: options.sync_bn,
     shaping_keys=("sync_bn",),
 )
 

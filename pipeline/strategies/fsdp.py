@@ -40,6 +40,8 @@ FACTS = StrategyFacts(
     options=FsdpConfig,
     spans_nodes=True,
     data_parallel=True,
+    # SyncBN normalises over the global micro-batch: ranks only split the work
+    same_at_any_world_size=lambda options: options.sync_bn,
     shaping_keys=("sync_bn", "mixed_precision"),
     # With its per-block all-gather/free hooks between graphs, reduce-overhead ran 24 s an
     # epoch on an H100, 27x single's (README "Performance").

@@ -1,4 +1,6 @@
-"""The MLflow parent run that groups one comparison's strategy runs and holds the report.
+"""The MLflow parent run that groups one comparison's strategy runs and holds the report; the
+recommended strategy's model registered as a version of the experiment's registered model; the
+seed sweeps of a run found among the runs of its experiment.
 
 A comparison is identified by the strategy runs it compares: `compare` run again over the
 same runs updates the same parent instead of adding another, and a parent whose runs have
@@ -10,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import first_line
 from pipeline.tracking import store
+from pipeline.tracking.mlflow_run import MODEL_NAME
 from pipeline.tracking.store import compare_runs_url, experiment_id, param_text, tracking_uri
 
 KEY_TAG = "parallel_lab_comparison"  # on the parents compare creates: which runs they group
@@ -118,3 +121,123 @@ def delete_empty_comparisons(client: Any, exp_id: str) -> None:
         pid = parent.info.run_id
         if not client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{pid}'", max_results=1):
             client.delete_run(pid)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The recommended strategy's logged model as version `version` of the registered model
+    `name`, or why it is not one (version None)."""
+
+    name: str
+    strategy: str
+    objective: str
+    run_id: str | None
+    version: str | None = None
+    why_not: str = ""
+
+    @property
+    def uri(self) -> str | None:
+        return None if self.version is None else f"models:/{self.name}/{self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "uri": self.uri,
+            "strategy": self.strategy,
+            "objective": self.objective,
+            "run_id": self.run_id,
+            **({"why_not": self.why_not} if self.version is None else {}),
+        }
+
+
+def register_model(name: str, strategy: str, objective: str, run_id: str | None) -> Registration:
+    """Register the model logged in `run_id` (tracking/mlflow_run.py `log_final_model`) as a
+    version of the registered model `name`, created if need be. Idempotent: a version already
+    pointing at that logged model is reused. Never raises: MLflow away, or a run without a
+    logged model, gives a Registration saying why."""
+    unregistered = Registration(name, strategy, objective, run_id)
+    if run_id is None:
+        return _not(unregistered, f"{strategy}'s run is not in the MLflow store")
+    try:
+        from mlflow.entities import LoggedModelStatus
+
+        client = store.client()
+        exp_id = client.get_run(run_id).info.experiment_id
+        models = [
+            m
+            for m in client.search_logged_models(
+                [exp_id], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_NAME}'"
+            )
+            if m.status == LoggedModelStatus.READY
+        ]
+        if not models:
+            return _not(
+                unregistered,
+                f"run {run_id} has no logged model yet (`python -m pipeline.publish` logs it)",
+            )
+        model = models[0]
+        quoted = name.replace("'", "\\'")
+        for version in client.search_model_versions(f"name = '{quoted}' AND run_id = '{run_id}'"):
+            if version.source == model.model_uri:
+                return replace(unregistered, version=str(version.version))
+        if not client.search_registered_models(f"name = '{quoted}'"):
+            client.create_registered_model(
+                name, description="parallel-lab: the compare stage's recommended strategy"
+            )
+        version = client.create_model_version(
+            name,
+            source=model.model_uri,
+            run_id=run_id,
+            model_id=model.model_id,
+            tags={"strategy": strategy, "recommended_for": objective},
+        )
+        return replace(unregistered, version=str(version.version))
+    except Exception as err:  # noqa: BLE001 - an outage: the report is still written
+        print(
+            f"warning: MLflow at {tracking_uri()}: {strategy}'s model not registered "
+            f"({first_line(err)})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return _not(unregistered, f"MLflow unreachable: {first_line(err)}")
+
+
+def _not(registration: Registration, why: str) -> Registration:
+    return replace(registration, why_not=why)
+
+
+def seed_accuracies(run_id: str | None) -> dict[str, float] | None:
+    """Final test accuracy by seed of the finished runs of the same strategy, in the run's
+    experiment, whose params are the run's except `seed` (the run itself included): a seed
+    sweep of the same configuration (`dvc exp run --queue -S seed=1,2,3`). The newest run
+    stands for a seed run more than once. None if MLflow is away or the run is not in it."""
+    if run_id is None:
+        return None
+    try:
+        client = store.client()
+        run = client.get_run(run_id)
+        mine = {k: v for k, v in run.data.params.items() if k != "seed"}
+        strategy = run.data.tags.get("strategy", "").replace("'", "")
+        found: dict[str, tuple[int, float]] = {}
+        for other in client.search_runs(
+            [run.info.experiment_id],
+            f"tags.strategy = '{strategy}' AND attributes.status = 'FINISHED'",
+        ):
+            params = other.data.params
+            acc = other.data.metrics.get("test_acc")
+            if acc is None or "seed" not in params:
+                continue
+            if {k: v for k, v in params.items() if k != "seed"} != mine:
+                continue
+            start = other.info.start_time or 0
+            if params["seed"] not in found or found[params["seed"]][0] < start:
+                found[params["seed"]] = (start, float(acc))
+        return {seed: acc for seed, (_, acc) in sorted(found.items())}
+    except Exception as err:  # noqa: BLE001 - an outage: no noise estimate, said so
+        print(
+            f"warning: MLflow at {tracking_uri()}: no seed sweep looked up ({first_line(err)})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None

@@ -6,7 +6,8 @@ lives in; the per-epoch history lives in the checkpoint record and results/. `pu
 pushes whatever MLflow does not have yet: it creates the run if needed (pointed at another
 store, it creates it there with everything kept on disk), logs params and tags, the epochs
 MLflow lacks (checked against the server, so a restarted job never logs an epoch twice, each
-stamped with the time the epoch ended), artifacts, and the status. Per epoch it runs on a
+stamped with the time the epoch ended), artifacts, the final model as an MLflow model (once:
+`log_final_model`), and the status. Per epoch it runs on a
 background thread (`Tracker.publish_soon`); the end of the stage waits for it. If the
 tracking server is down, training goes on, a warning says what is pending, and the next push
 (every epoch, at the end of the stage, or `python -m pipeline.publish`) delivers it.
@@ -23,10 +24,12 @@ import, and only the writing rank ever needs it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,6 +41,12 @@ from pipeline.tracking.store import experiment_id, param_text, tracking_uri
 from pipeline.tracking.system_metrics import publish_final_sample, system_metrics_monitor
 
 RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model loads it
+# The run's final model as MLflow logs it, supplied by training (tracking builds no model):
+# () -> (the plain model in eval mode with the run's final weights, an input example: a float32
+# numpy batch of normalized test images, [N, 1, 28, 28]).
+ModelSource = Callable[[], tuple[Any, Any]]
 
 
 class NullTracker:
@@ -51,6 +60,8 @@ class NullTracker:
         artifacts: Sequence[Path] = (),
         status: Optional[str] = None,
         wait_s: float = 0.0,
+        give_up: Callable[[], bool] = lambda: False,
+        model: Optional[ModelSource] = None,
     ) -> bool:
         return True
 
@@ -81,6 +92,8 @@ def new_record(
         "params_logged": False,
         "epochs_logged": [],
         "artifacts_logged": [],
+        "model_id": None,  # the MLflow logged model of the final weights, once created
+        "model_logged": False,
         "status": RUNNING,
         "status_logged": None,
     }
@@ -97,10 +110,17 @@ class Tracker:
         tags: dict[str, str],
         params: dict[str, Any],
         fingerprint: str,
+        fresh: bool,
     ):
+        """`fresh`: the run trains from its first step. Where the last run had the same
+        fingerprint and ended (its checkpoints were deleted, say), it gets an MLflow run of
+        its own, and that one stays as it ended, with its metrics and artifacts. One still
+        RUNNING is this stage's own, whose workers torchrun restarted before their first
+        checkpoint: it goes on."""
         self.record_path = record_path
         record = read_record(record_path)
-        if record.get("fingerprint") != fingerprint:  # a new run (not a resumed one)
+        ended = record.get("status", RUNNING) != RUNNING
+        if record.get("fingerprint") != fingerprint or (fresh and ended):  # a new run
             record = new_record(fingerprint, experiment, run_name, tags, params)
         record["status"] = RUNNING  # a resumed run that had failed or was stopped runs again
         self.record = record
@@ -133,35 +153,44 @@ class Tracker:
         artifacts: Sequence[Path] = (),
         status: Optional[str] = None,
         wait_s: float = 0.0,
+        give_up: Callable[[], bool] = lambda: False,
+        model: Optional[ModelSource] = None,
     ) -> bool:
-        """Push what MLflow lacks, and `status` if given. True when nothing is pending; never
+        """Push what MLflow lacks, and `status` if given; `model`, the final model, is logged
+        once (`log_final_model`). True when nothing is pending; never
         raises on an outage. With wait_s, keep retrying that long first (a tracking server
-        that is restarting gets a grace period at the end of a stage). Waits for a
-        background push first."""
+        that is restarting gets a grace period at the end of a stage), unless `give_up` says
+        so (a SIGTERM: the process has its grace period to leave). Waits for a background
+        push first."""
         if self._background is not None:
             self._background.join()
             self._background = None
         if status is not None:
             self.record["status"] = status
             self._write()
-        return self._publish(history, artifacts, wait_s)
+        return self._publish(history, artifacts, wait_s, give_up, model)
 
     def _publish(
-        self, history: list[EpochRow], artifacts: Sequence[Path] = (), wait_s: float = 0.0
+        self,
+        history: list[EpochRow],
+        artifacts: Sequence[Path] = (),
+        wait_s: float = 0.0,
+        give_up: Callable[[], bool] = lambda: False,
+        model: Optional[ModelSource] = None,
     ) -> bool:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                publish_run(self.record, history, artifacts, save=self._write)
+                publish_run(self.record, history, artifacts, save=self._write, model=model)
                 return True
             except Exception as err:  # noqa: BLE001 - any failure of the server is an outage
                 failure = first_line(err)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or give_up():
                 break
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
         print(
             f"warning: MLflow at {tracking_uri()} unreachable ({failure}); kept locally, "
-            f"pending: {pending(self.record, history, artifacts)}; retrying at the next "
+            f"pending: {pending(self.record, history, artifacts, model)}; retrying at the next "
             "epoch, at the end of the stage, or run `python -m pipeline.publish`",
             file=sys.stderr,
             flush=True,
@@ -206,12 +235,19 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     atomic_write(path, json.dumps(record, indent=1))
 
 
-def pending(record: dict[str, Any], history: list[EpochRow], artifacts: Sequence[Path]) -> str:
+def pending(
+    record: dict[str, Any],
+    history: list[EpochRow],
+    artifacts: Sequence[Path],
+    model: Optional[ModelSource] = None,
+) -> str:
     """What MLflow still lacks, in words."""
     epochs = len({r.epoch for r in history} - set(record.get("epochs_logged", [])))
     parts = [f"{epochs} epoch(s)"]
     if set(map(str, artifacts)) - set(record.get("artifacts_logged", [])):
         parts.append("artifacts")
+    if model is not None and not record.get("model_logged"):
+        parts.append("the logged model")
     if record.get("status") != record.get("status_logged"):
         parts.append(f"status {record.get('status')}")
     return ", ".join(parts)
@@ -222,8 +258,10 @@ def publish_run(
     history: list[EpochRow],
     artifacts: Sequence[Path],
     save: Callable[[], None],
+    model: Optional[ModelSource] = None,
 ) -> None:
-    """Push what MLflow lacks of this run, idempotently (also `python -m pipeline.publish`)."""
+    """Push what MLflow lacks of this run, idempotently (also `python -m pipeline.publish`);
+    `model`: the final model, logged once (`log_final_model`)."""
     from mlflow.entities import Metric, Param, RunTag
 
     client = store.client()
@@ -235,6 +273,8 @@ def publish_run(
             params_logged=False,
             epochs_logged=[],
             artifacts_logged=[],
+            model_id=None,
+            model_logged=False,
             status_logged=None,
         )
     if record["run_id"] is None:
@@ -266,6 +306,8 @@ def publish_run(
         if str(path) not in record["artifacts_logged"]:
             client.log_artifact(run_id, str(path))
             record["artifacts_logged"].append(str(path))
+    if model is not None and not record.get("model_logged"):
+        log_final_model(client, record, model, save)
     status = record.get("status") or RUNNING
     if status != record.get("status_logged"):
         if status == RUNNING:
@@ -274,3 +316,55 @@ def publish_run(
             client.set_terminated(run_id, status)
         record["status_logged"] = status
     save()
+
+
+def log_final_model(
+    client: Any, record: dict[str, Any], model: ModelSource, save: Callable[[], None]
+) -> None:
+    """The final weights as the MLflow model "model" of the run (`mlflow.pytorch.log_model`:
+    `runs:/<run_id>/model` loads it), with a signature and an input example. The record keeps
+    the logged model's id as soon as it exists and marks it logged at the end: an interrupted
+    attempt is finished in the same logged model, a re-publish logs nothing."""
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    run_id = record["run_id"]
+    if record.get("model_id") is None:
+        experiment = client.get_run(run_id).info.experiment_id
+        created = client.create_logged_model(experiment, name=MODEL_NAME, source_run_id=run_id)
+        record["model_id"] = created.model_id
+        save()
+    module, example = model()
+    with torch.no_grad():
+        output = module(torch.from_numpy(example)).numpy()
+    with fluent_store(tracking_uri()):
+        mlflow.pytorch.log_model(
+            module,
+            name=MODEL_NAME,
+            model_id=record["model_id"],
+            run_id=run_id,
+            signature=infer_signature(example, output),
+            input_example=example,
+            # as given, not inferred (inference loads the model in a subprocess: seconds)
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            validate_serving_input=False,  # a second load and prediction; the tests load it
+        )
+    record["model_logged"] = True
+    save()
+
+
+@contextmanager
+def fluent_store(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (`mlflow.pytorch.log_model` takes no client) pointed at `uri` for a
+    while, through the variable it reads; `mlflow.set_tracking_uri` would leave it pointed
+    there for good, and unset the variable when put back."""
+    before = os.environ.get(TRACKING_URI_ENV)
+    os.environ[TRACKING_URI_ENV] = uri
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[TRACKING_URI_ENV]
+        else:
+            os.environ[TRACKING_URI_ENV] = before

@@ -111,4 +111,6 @@ def base_tags() -> dict[str, str]:
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         **stack_tags(),
+        # the DVC experiment a queued or -S run belongs to (`dvc exp show` names it)
+        **({"dvc_experiment": os.environ["DVC_EXP_NAME"]} if "DVC_EXP_NAME" in os.environ else {}),
     }

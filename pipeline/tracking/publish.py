@@ -10,6 +10,8 @@ to the same run (the same fingerprint): anything else is refused, never mixed.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 from pipeline.errors import UserError
@@ -23,14 +25,25 @@ from pipeline.results import (
     EpochRow,
     read_summary,
 )
-from pipeline.tracking.mlflow_run import FINISHED, publish_run, read_record, write_record
+from pipeline.tracking.mlflow_run import (
+    FINISHED,
+    ModelSource,
+    publish_run,
+    read_record,
+    write_record,
+)
 from pipeline.tracking.store import tracking_uri
 
 
-def publish_strategy(name: str, ended: Optional[str] = None) -> str:
+def publish_strategy(
+    name: str,
+    ended: Optional[str] = None,
+    model_of: Optional[Callable[[Path], ModelSource]] = None,
+) -> str:
     """Push one strategy's local record; a one-line account of what MLflow now holds.
     `ended` (FAILED, KILLED): how an unfinished run ended, for a launcher whose workers
-    could not say so themselves."""
+    could not say so themselves. `model_of`: results/<strategy>/ -> its final model, logged
+    as the run's MLflow model once the run finished (training/final_model.py)."""
     record_path = CHECKPOINTS / name / RUN_RECORD
     latest_path = CHECKPOINTS / name / CHECKPOINT_RECORD
     record = read_record(record_path)
@@ -52,7 +65,10 @@ def publish_strategy(name: str, ended: Optional[str] = None) -> str:
         record["status"] = FINISHED
     elif ended is not None and record.get("status") != FINISHED:
         record["status"] = ended
-    publish_run(record, history, artifacts, save=lambda: write_record(record_path, record))
+    model = model_of(RESULTS / name) if finished and model_of is not None else None
+    publish_run(
+        record, history, artifacts, save=lambda: write_record(record_path, record), model=model
+    )
     stale = (
         f"; results/{name} belong to another run and were left out"
         if summary is not None and not finished

@@ -1,5 +1,5 @@
 """Where MLflow runs go (MLFLOW_TRACKING_URI, else the embedded store sqlite:///mlflow.db at
-the repository root, the directory DVC runs stages in) and what MLflow accepts there."""
+the repository root) and what MLflow accepts there."""
 
 from __future__ import annotations
 
@@ -29,7 +29,15 @@ def client() -> Any:
 
 
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repository_root() / 'mlflow.db'}"
+
+
+def repository_root() -> Path:
+    """The repository the runs belong to. DVC runs a stage in the repository's root, except a
+    queued or --run-all experiment, which it runs in a temporary copy (.dvc/tmp/exps/tmp...)
+    that is deleted afterwards; DVC_ROOT names the repository in both cases, so the runs of a
+    sweep land in the repository's own store, where `make ui` shows them."""
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd())
 
 
 def check_tracking_uri(uri: str) -> None:

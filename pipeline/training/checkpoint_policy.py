@@ -6,7 +6,7 @@ checkpoint.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,9 @@ from pipeline.training.build import Training
 from pipeline.training.checkpoint import (
     Checkpointer,
     Position,
-    load_model_state,
-    load_optimizer_state,
     rng_state,
     set_rng_state,
+    sharded_state,
 )
 from pipeline.training.faults import Fault
 from pipeline.training.identity import RunIdentity
@@ -35,6 +34,9 @@ class Progress:
     position: Position  # the next (epoch, step) to train
     history: list[EpochRow]  # the epochs finished
     totals: torch.Tensor  # [loss_sum, correct, count] of the epoch so far, on the device
+    # what happened to the run on its way that its results must be read with (e.g. the world
+    # size changed at a resume); kept in every checkpoint after
+    notes: list[str] = field(default_factory=list)
 
 
 class CheckpointPolicy:
@@ -53,9 +55,10 @@ class CheckpointPolicy:
         self.ckpt = Checkpointer(directory, ctx.rank, ctx.world_size, writer, identity.key)
 
     def due(self, epochs_done: int) -> bool:
-        """Whether the end of this epoch is checkpointed: every N epochs and the last."""
+        """Whether the end of this epoch is checkpointed: every N epochs, and always the last
+        (what publish and a rerun read the finished run from), every_epochs 0 included."""
         every = self.options.every_epochs
-        return bool(every) and (epochs_done % every == 0 or epochs_done == self.epochs)
+        return epochs_done == self.epochs or (every > 0 and epochs_done % every == 0)
 
     def resume(self, training: Training, say: Callable[[str], None]) -> Progress:
         """Restore the last committed checkpoint of this run's identity (or of
@@ -66,7 +69,10 @@ class CheckpointPolicy:
         source, found = self.ckpt, self.ckpt.latest()
         if found is None and self.options.resume_from:
             source = Checkpointer.foreign(
-                Path(self.options.resume_from), self.ctx.rank, self.ctx.world_size
+                Path(self.options.resume_from),
+                self.ctx.rank,
+                self.ctx.world_size,
+                self.identity.strategy,
             )
             found = source.latest()
         if found is None:
@@ -79,24 +85,45 @@ class CheckpointPolicy:
             return fresh
         position, record = found
         state = source.load(position)
-        load_model_state(training.run.module, state["model"], source.directory)
-        load_optimizer_state(training.optimizer, state["optimizer"])
+        # model and optimizer through torch.distributed.checkpoint: each rank reads its shard,
+        # stage or replica of them (a collective)
+        source.load_sharded(position, training.run.module, training.optimizer)
         set_rng_state(state["rng"], device)
         scaler = training.prec.scaler
         if scaler is not None and state.get("grad_scaler"):
             scaler.load_state_dict(state["grad_scaler"])  # fp16: the loss scale it reached
-        say(f"resuming at epoch {position.epoch + 1} step {position.step} from {source.directory}")
+        totals = state["train_totals"]
+        saved_by, world = source.saved_world_size(), self.ctx.world_size
+        resharded = ""
+        notes = list(record.get("notes", []))
+        if saved_by != world:
+            # another world size (checkpoint.resume_from, or a strategy that computes the same
+            # at any world size): the epoch's partial totals are only ever summed over ranks,
+            # so rank 0 carries all of them
+            totals = torch.zeros_like(totals)
+            if self.ctx.rank == 0:
+                for rank in range(saved_by):
+                    totals += source.load(position, rank)["train_totals"]
+            resharded = f" (saved by {saved_by} process(es), resharded over {world})"
+            notes.append(
+                f"world size {saved_by} -> {world} at epoch {position.epoch + 1} step "
+                f"{position.step}: resumed from a checkpoint of {saved_by} process(es), "
+                "resharded"
+            )
+        say(
+            f"resuming at epoch {position.epoch + 1} step {position.step} from "
+            f"{source.directory}{resharded}"
+        )
         return Progress(
             position,
             [EpochRow.from_record(r) for r in record["history"]],
-            state["train_totals"].to(device),
+            totals.to(device),
+            notes,
         )
 
     def save(self, at: Position, progress: Progress, training: Training, run_id: Any) -> None:
         prec = training.prec
-        state = {
-            "model": training.run.module.state_dict(),
-            "optimizer": training.optimizer.state_dict(),
+        state = {  # this rank's own; the model and optimizer go to DCP (`sharded`)
             "rng": rng_state(self.ctx.device),
             "train_totals": progress.totals,
             "grad_scaler": prec.scaler.state_dict() if prec.scaler is not None else None,
@@ -105,10 +132,12 @@ class CheckpointPolicy:
             "history": [r.to_record() for r in progress.history],
             "run_id": run_id,
             "identity": self.identity.to_record(),
+            "notes": progress.notes,
         }
 
         def written() -> None:  # this rank's file is on disk, the commit still pending
             if self.fault is not None:
                 self.fault.fire_if("checkpoint", self.ctx.rank, at.epoch, at.step)
 
-        self.ckpt.save(at, state, record, on_written=written)
+        sharded = sharded_state(training.run.module, training.optimizer)
+        self.ckpt.save(at, state, record, on_written=written, sharded=sharded)

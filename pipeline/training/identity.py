@@ -4,7 +4,8 @@ resumed. Everything that shapes the trajectory, and nothing else:
     params      the params that change what is computed: SHAPING, and of the strategy's own
                 section the keys its FACTS name (not where the data came from, which GPUs,
                 MLflow, reporting, checkpointing, launch settings or other strategies' sections)
-    strategy    and its world size (checkpoints hold per-rank shards)
+    strategy    and its world size, where the strategy's trajectory depends on it
+    hardware    the devices, their kind, count and precision, torch and CUDA (hardware.py)
     code        the source of every module of the data, training and strategy code this run
                 imported, as a syntax tree: comments, docstrings and formatting do not count
     data        the SHA-256 of the training tensors the fetch stage wrote
@@ -54,9 +55,10 @@ TRAJECTORY_CODE = (
 class RunIdentity:
     params: dict[str, Any]
     strategy: str
-    world_size: int
+    world_size: int | None  # None: the strategy computes the same at any world size
     code: dict[str, str]  # module file (relative to the package's parent) -> digest
     data: str
+    hardware: dict[str, Any]  # pipeline/training/hardware.py
 
     @property
     def key(self) -> str:
@@ -73,7 +75,10 @@ class RunIdentity:
         mine = self.to_record()
         if record.get("strategy") != mine["strategy"]:
             return f"it belongs to strategy {record.get('strategy')!r}"
-        if record.get("world_size") != mine["world_size"]:
+        if (
+            None not in (record.get("world_size"), mine["world_size"])
+            and record.get("world_size") != mine["world_size"]
+        ):
             return (
                 f"it was written by {record.get('world_size')} process(es), this run has "
                 f"{mine['world_size']}"
@@ -93,6 +98,14 @@ class RunIdentity:
             return f"its code differs ({', '.join(changed[:3])})"
         if record.get("data") != mine["data"]:
             return "its training data differs"
+        changed = _changed(record.get("hardware", {}), mine["hardware"])
+        if changed:
+            old, new = record.get("hardware", {}), mine["hardware"]
+            return (
+                "it ran on other hardware ("
+                + ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:2])
+                + ")"
+            )
         return "its identity differs"
 
 
@@ -111,16 +124,28 @@ def shapes(key: str, keys: tuple[str, ...]) -> bool:
 
 
 def run_identity(
-    cfg: Config, facts: StrategyFacts, world_size: int, data_file: Path
+    cfg: Config,
+    facts: StrategyFacts,
+    world_size: int,
+    data_file: Path,
+    hardware: dict[str, Any],
 ) -> RunIdentity:
     keys = shaping_keys(facts)
     params = {k: v for k, v in flatten(cfg).items() if shapes(k, keys)}
+    world: int | None = world_size
+    if facts.same_at_any_world_size(getattr(cfg, facts.name)):
+        # how many processes (and devices) split the work does not change what is computed:
+        # a checkpoint resumes at another world size, resharded (a node lost under
+        # dist.min_nnodes, or more GPUs)
+        world = None
+        hardware = {k: v for k, v in hardware.items() if k not in ("devices", "count")}
     return RunIdentity(
         json.loads(json.dumps(params, default=str)),
         facts.name,
-        world_size,
+        world,
         code_digests(),
         file_digest(data_file),
+        hardware,
     )
 
 

@@ -33,6 +33,7 @@ from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.devices import choose_devices
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
+from pipeline.training.final_model import model_source
 from pipeline.training.topology import (
     Topology,
     check_job,
@@ -125,7 +126,7 @@ def settle_run(name: str, status: str) -> None:
     (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
     and `python -m pipeline.publish` delivers it later."""
     try:
-        publish_strategy(name, ended=status)
+        publish_strategy(name, ended=status, model_of=model_source)
     except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
         print(
             f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",

@@ -5,6 +5,7 @@ record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pipeline import memory
@@ -17,6 +18,7 @@ from pipeline.results import (
     RUN_RECORD,
     EpochRow,
     RunSummary,
+    steady_samples_per_s,
     steady_seconds,
     warmup_seconds,
     write_results,
@@ -24,6 +26,7 @@ from pipeline.results import (
 from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
 from pipeline.training.build import Training
+from pipeline.training.final_model import model_source
 
 
 class RunRecorder:
@@ -35,8 +38,14 @@ class RunRecorder:
         training: Training,
         key: str,
         history: list[EpochRow],
+        fresh: bool,
+        run_notes: list[str],
     ):
-        """`history`: the epochs a resumed run already finished; a fresh run passes []."""
+        """`history`: the epochs a resumed run already finished; `fresh`: the run starts
+        from its first step (a new MLflow run)."""
+        self.fresh = fresh
+        # the strategy's notes and the precision's, then what happened to this run on its way
+        self.notes = [*training.notes, *run_notes]
         self.name, self.ctx, self.training, self.key = name, ctx, training, key
         self.history = history
         self.epochs, self.final_wait_s = cfg.train.epochs, cfg.mlflow.final_sync_wait_s
@@ -64,7 +73,7 @@ class RunRecorder:
             "dvc_stage": f"train@{self.name}",
             "parallel_lab_fingerprint": self.key,  # what results/<strategy>/metrics.json calls it
             # MLflow's run description: what the comparison must be read with
-            "mlflow.note.content": "\n".join(self.training.notes),
+            "mlflow.note.content": "\n".join(self.notes),
             **gpu_tags(gpus),
         }
         params: dict[str, Any] = {
@@ -81,12 +90,13 @@ class RunRecorder:
             tags,
             params,
             self.key,
+            fresh=self.fresh,
         )
         tracker.publish(self.history)
         tracker.start_system_metrics(
             cfg.report.system_metrics_interval_s, gpu_uuids(gpus), resume=bool(self.history)
         )
-        for note in self.training.notes:
+        for note in self.notes:
             self.say(f"note: {note}")
         return tracker
 
@@ -97,7 +107,8 @@ class RunRecorder:
             print(
                 f"train[{self.name}] epoch {row.epoch}/{self.epochs}: loss {row.train_loss:.4f} "
                 f"train_acc {row.train_acc:.4f} test_acc {row.test_acc:.4f} "
-                f"{row.epoch_seconds:.2f}s {row.samples_per_s:.0f} samples/s",
+                f"{row.epoch_seconds:.2f}s {row.samples_per_s:.0f} samples/s"
+                + (" (warm-up)" if row.warmup else ""),
                 flush=True,
             )
 
@@ -109,8 +120,9 @@ class RunRecorder:
         """An error: whatever epochs finished still reach MLflow."""
         self.tracker.publish(self.history, status=FAILED)
 
-    def finish(self, state: dict) -> RunSummary:
-        """results/<strategy>/ from the full model's `state`, the run's final MLflow push."""
+    def finish(self, state: dict, stopping: Callable[[], bool]) -> RunSummary:
+        """results/<strategy>/ from the full model's `state`, the run's final MLflow push;
+        `stopping` says a SIGTERM arrived: the push then makes one attempt, no wait."""
         summary = self.summary()
         if self.writer:
             summary.fingerprint = self.key
@@ -122,6 +134,8 @@ class RunRecorder:
                 [out_dir / name for name in ARTIFACTS],
                 status=FINISHED,
                 wait_s=self.final_wait_s,
+                give_up=stopping,
+                model=model_source(out_dir),  # model.pt as an MLflow model, logged once
             )
         return summary
 
@@ -131,7 +145,6 @@ class RunRecorder:
     def summary(self) -> RunSummary:
         history, run = self.history, self.training.run
         last = history[-1]
-        seconds = [r.epoch_seconds for r in history]
         return RunSummary(
             strategy=self.name,
             world_size=self.ctx.world_size,
@@ -145,9 +158,10 @@ class RunRecorder:
             epoch_seconds=last.epoch_seconds,
             samples_per_s=last.samples_per_s,
             total_seconds=last.wall_seconds,
-            warmup_epoch_seconds=warmup_seconds(seconds),
-            steady_epoch_seconds=steady_seconds(seconds),
-            steady_samples_per_s=self.training.plan.samples_per_epoch / steady_seconds(seconds),
+            # steady figures leave out every warm-up epoch (results.steady_rows)
+            warmup_epoch_seconds=warmup_seconds(history),
+            steady_epoch_seconds=steady_seconds(history),
+            steady_samples_per_s=steady_samples_per_s(history),
             memory=memory.run_summary([r.memory for r in history]),
-            notes=list(self.training.notes),
+            notes=list(self.notes),
         )

@@ -5,7 +5,8 @@ where it resumes the policy's (checkpoint_policy.py), one step of training the l
 (loop.py).
 
     resume      the last committed checkpoint of this very configuration, if any
-    epochs      train_epoch + evaluate, memory peaks, a checkpoint when due, an MLflow push
+    epochs      train_epoch + evaluate, the memory peaks of each apart, a checkpoint when
+                due, an MLflow push; the first epoch this process runs is marked warm-up
     finish      the full model's state, results/<strategy>/, the run's final MLflow push
 """
 
@@ -29,6 +30,7 @@ from pipeline.training.build import Training, build_training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import CheckpointPolicy, Progress
 from pipeline.training.faults import Fault, fault_from_env
+from pipeline.training.hardware import run_hardware
 from pipeline.training.identity import run_identity
 from pipeline.training.loop import (
     StopRequest,
@@ -62,7 +64,8 @@ def run(
     data = to_device(load_tensors(), ctx.device, cfg.data.limit_train, cfg.data.limit_test)
     plan = job_plan(cfg.train, strategy.FACTS, len(data.train_labels), ctx.world_size)
     training = build_training(cfg, strategy, ctx, data, plan)
-    identity = run_identity(cfg, strategy.FACTS, ctx.world_size, DATA_DIR / TENSORS)
+    hardware = run_hardware(ctx, training.run.devices, training.prec.name)
+    identity = run_identity(cfg, strategy.FACTS, ctx.world_size, DATA_DIR / TENSORS, hardware)
     policy = CheckpointPolicy(
         cfg.checkpoint,
         cfg.train.epochs,
@@ -78,7 +81,10 @@ def run(
             print(f"train[{name}]: {text}", flush=True)
 
     progress = policy.resume(training, say)
-    recorder = RunRecorder(cfg, name, ctx, training, identity.key, progress.history)
+    fresh = progress.position == Position(0, 0)
+    recorder = RunRecorder(
+        cfg, name, ctx, training, identity.key, progress.history, fresh, progress.notes
+    )
     ok = False
     try:
         summary = train_epochs(cfg, training, data, ctx, policy, progress, recorder, stop, fault)
@@ -110,7 +116,9 @@ def train_epochs(
     for epoch in range(progress.position.epoch, cfg.train.epochs):
         memory.reset_peaks(mem_devices)
         t0 = time.perf_counter()
-        first_step = progress.position.step if epoch == progress.position.epoch else 0
+        # this process's first epoch (fresh or resumed): it pays the start's one-off work
+        warmup = epoch == progress.position.epoch
+        first_step = progress.position.step if warmup else 0
         stopped_at = train_epoch(
             training,
             cfg.train,
@@ -132,6 +140,8 @@ def train_epochs(
             return None
         wait_for_device(ctx.device)
         seconds = time.perf_counter() - t0
+        train_peaks = memory.read_peaks(mem_devices, ctx)  # the training steps' alone
+        memory.reset_peaks(mem_devices)
         if fault is not None:
             fault.fire_if("eval", ctx.rank, epoch + 1)
         train_loss, train_acc = reduce_totals(progress.totals, ctx)
@@ -139,8 +149,9 @@ def train_epochs(
         test_loss, test_acc = reduce_totals(
             evaluate(training, data, cfg.train.eval_batch_size, ctx), ctx
         )
-        # peaks of the epoch's training and evaluation, every device, on every rank
-        peaks = memory.gather_peaks(memory.read_peaks(mem_devices, ctx), ctx)
+        eval_peaks = memory.read_peaks(mem_devices, ctx)
+        # every device's peaks, training and evaluation apart, on every rank (collectives)
+        peaks = memory.gather_peaks(train_peaks, ctx), memory.gather_peaks(eval_peaks, ctx)
         row = EpochRow(
             epoch + 1,
             train_loss,
@@ -148,16 +159,20 @@ def train_epochs(
             test_loss,
             test_acc,
             seconds,
-            samples_per_s=training.plan.samples_per_epoch / seconds,
+            # only the steps this process ran: a resumed epoch's first_step.. of them
+            samples_per_s=training.plan.samples_from(first_step) / seconds,
             wall_seconds=time.perf_counter() - start,
             ended_at=time.time(),
-            memory=memory.epoch_metrics(peaks),
+            warmup=warmup,
+            memory=memory.epoch_metrics(*peaks),
         )
         history.append(row)  # before the save: the checkpoint's record holds this epoch
         if policy.due(epoch + 1):
             policy.save(Position(epoch + 1, 0), progress, training, recorder.tracker.run_id)
         recorder.epoch_done(row)
     if fault is not None:
-        fault.fire_if("end", ctx.rank)
+        fault.fire_if("end", ctx.rank, signalled=lambda: stop.flag)
     state = run.state_dict()  # a collective for sharded/split models: every rank calls it
-    return recorder.finish(state)
+    # A SIGTERM after the last step: the results are written all the same, and the final push
+    # makes one attempt instead of waiting for the server, well inside torchrun's grace.
+    return recorder.finish(state, stopping=lambda: stop.flag)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from pipeline.results import read_history
 from pipeline.training.loop import VOTE_EVERY_STEPS
 from support import (
     Background,
@@ -181,6 +182,28 @@ def test_only_the_strategys_own_section_decides_its_resume(fault_project):
     assert "epoch 1/2" in changed.stdout
 
 
+def test_a_checkpoint_from_other_hardware_is_not_resumed(fault_project):
+    """The CPU's kernels are part of the hardware: the same finished run, rerun with torch's
+    kernels dispatched to the plain (DEFAULT) instruction set instead of this CPU's AVX2 or
+    AVX-512, trains anew and says why in one line."""
+    project, _ = fault_project
+    reset(project)
+    uri = f"sqlite:///{project / 'hardware.db'}"
+    run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
+    other = run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        MLFLOW_TRACKING_URI=uri,
+        ATEN_CPU_CAPABILITY="default",
+    )
+    (line,) = [line for line in other.stdout.splitlines() if "not resuming" in line]
+    assert "it ran on other hardware (kind:" in line and "(DEFAULT)" in line, line
+    assert "epoch 1/2" in other.stdout
+
+
 def test_checkpoint_of_another_width_is_refused(fault_project):
     project, _ = fault_project
     reset(project)
@@ -255,6 +278,20 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     assert metrics["epochs"] == 3
     (run_,) = mlflow_runs(uri)[1]  # the same run, resumed and finished
     assert run_.info.run_id == stopped.info.run_id and run_.info.status == "FINISHED"
+    # Epoch 2 is the resumed process's first: a warm-up, whose samples/s counts only the steps
+    # that process ran (16..31 of 32); the steady figures are epoch 3's alone.
+    history = read_history("ddp", project / "results")
+    assert [r.warmup for r in history] == [True, True, False]
+    steps, batch = 512 // 16, 16
+    samples = [round(r.samples_per_s * r.epoch_seconds) for r in history]
+    assert samples == [steps * batch, (steps - VOTE_EVERY_STEPS) * batch, steps * batch]
+    assert metrics["steady_epoch_seconds"] == pytest.approx(history[2].epoch_seconds, rel=1e-5)
+    assert metrics["steady_samples_per_s"] * metrics["steady_epoch_seconds"] == pytest.approx(
+        steps * batch
+    )
+    client = MlflowClient(tracking_uri=uri)
+    marks = client.get_metric_history(run_.info.run_id, "warmup")
+    assert [(m.step, m.value) for m in marks] == [(1, 1.0), (2, 1.0), (3, 0.0)]
     # identical to an uninterrupted run of the same configuration
     reference = make_project(tmp_path / "reference", tiny_params(http_mirror, **slow))
     shutil.copytree(project / "data", reference / "data")
@@ -353,3 +390,38 @@ def test_server_absent_from_the_start_then_pipeline_publish(tmp_path, fault_proj
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")] == [1, 2]
     assert runs[0].data.params["model.width"] == "4"
+
+
+def test_sigterm_after_the_last_step_loses_nothing_and_ends_within_the_grace(
+    fault_project, tmp_path
+):
+    """A SIGTERM that lands after the last step (rank 0 held at the `end` point) with the
+    tracking server away and mlflow.final_sync_wait_s far longer than torchrun's grace: the
+    results and the final checkpoint are written, the final push gives up at once instead of
+    racing torchrun's SIGKILL, and `python -m pipeline.publish` delivers the whole run later."""
+    project, (_, ref_metrics, _) = fault_project
+    reset(project)
+    away = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with Background(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "ddp",
+        "mlflow.final_sync_wait_s=900",
+        log=tmp_path / "train.log",
+        MLFLOW_TRACKING_URI=away,
+        PARALLEL_LAB_FAULT="rank=0,point=end,action=hold",
+    ) as train:
+        train.wait_for_output("fault: rank 0 holding at the end", timeout=240)
+        train.signal_group(signal.SIGTERM)
+        train.wait(timeout=120)  # far inside final_sync_wait_s: the push did not wait
+    assert final_state(project)[1] == ref_metrics  # every epoch's result, as if undisturbed
+    assert (latest(project)["epoch"], latest(project)["step"]) == (2, 0)
+    uri = f"sqlite:///{project / 'late.db'}"
+    run(project, "python", "-m", "pipeline.publish", MLFLOW_TRACKING_URI=uri)
+    client, (published,) = mlflow_runs(uri)
+    steps = [m.step for m in client.get_metric_history(published.info.run_id, "test_acc")]
+    assert steps == [1, 2] and "model.pt" in {
+        a.path for a in client.list_artifacts(published.info.run_id)
+    }

@@ -1,13 +1,19 @@
 """The comparison report of one tiny real `dvc repro` over every registered strategy, checked
-the way a reader and MLflow would see it (the arithmetic: tests/unit/test_report_table.py)."""
+the way a reader and MLflow would see it (the arithmetic: tests/unit/test_report_table.py; the
+answer's rules: tests/unit/test_answer.py): it opens with the recommendation, and the
+recommended strategy's model, logged to MLflow and registered, scores what the report says."""
 
 import base64
 import html
 import io
 import json
 import re
+import shutil
 
+import mlflow.pytorch
 import pytest
+import torch
+import yaml
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
@@ -16,6 +22,9 @@ from pipeline.reporting import table
 from pipeline.reporting.compare import CHILD_METRICS
 from pipeline.reporting.plots import PLOTS
 from support import IMAGE, LEARNED, dvc
+from support import run as run_in
+
+OBJECTIVES = ["fastest_to_target", "throughput", "peak_memory", "memory_balance"]
 
 PROVENANCE_TAGS = {
     "git_commit",
@@ -52,9 +61,16 @@ def test_summary_json_has_every_column_for_every_strategy(project):
     for name, row in summary.items():
         assert keys | {"cpu0_share", "epoch_to_target", "mlflow_run_id"} <= set(row), name
         assert row["memory_kind"] == "cpu" and row["peak_memory_mib"]["cpu0"] > 50
+        # training's and evaluation's peaks, each measured apart
+        assert row["eval_peak_memory_mib"]["cpu0"] > 50 and row["eval_mem_imbalance"] > 0
         assert row["time_to_target_s"] > 0 and row["steady_samples_per_s"] > 0
     assert summary["single"]["speedup_vs_single"] == 1.0
     assert set(summary["ddp"]["peak_memory_mib"]) == {"cpu0", "cpu1"}
+    assert set(summary["ddp"]["eval_peak_memory_mib"]) == {"cpu0", "cpu1"}
+    for name in strategies.NAMES:  # the table's peak is the training one of metrics.json
+        result = json.loads((project / f"results/{name}/metrics.json").read_text())
+        assert summary[name]["peak_memory_mib"] == result["peak_memory_mib"], name
+        assert summary[name]["eval_peak_memory_mib"] == result["eval_peak_memory_mib"], name
 
 
 def test_pngs_are_real_plots(project):
@@ -77,7 +93,8 @@ def test_html_page_is_self_contained(project):
     assert link.endswith("&workflowType=machine_learning")  # MLflow's training view
     for name in strategies.NAMES:
         assert f"<td>{name}</td>" in page
-    assert "peak RSS (CPU)" in page
+    assert "training peak RSS (CPU)" in page and "eval peak RSS (CPU)" in page
+    assert "Evaluation: ddp and fsdp ranks each evaluate their strided share" in page
     markdown = (project / "reports/summary.md").read_text()
     assert all(f"| {name} |" in markdown for name in strategies.NAMES)
 
@@ -106,6 +123,10 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
             "cpu0/peak_rss_mib",
             "mem_imbalance",
             "cpu0_share",
+            "cpu0/eval_peak_rss_mib",
+            "eval_mem_imbalance",
+            "eval_cpu0_share",
+            "warmup",
             "system/cpu_utilization_percentage",
             *CHILD_METRICS,
         }
@@ -113,6 +134,8 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
         assert [
             m.step for m in client.get_metric_history(run.info.run_id, "cpu0/peak_rss_mib")
         ] == [1, 2]
+        marks = client.get_metric_history(run.info.run_id, "warmup")
+        assert [(m.step, m.value) for m in marks] == [(1, 1.0), (2, 0.0)], name
         assert not any(k.startswith("system/gpu") for k in keys)  # a CPU run samples no GPU
 
 
@@ -123,3 +146,105 @@ def test_dvc_plots_and_metrics_show_the_comparison(project):
     assert {d["field"] for d in chart["content"]["data"]["values"]} == set(strategies.NAMES)
     assert all(f"reports/{n}" in shown["data"] for n in PLOTS)
     assert "speedup_vs_single" in dvc(project, "metrics", "show").stdout
+
+
+def test_the_report_opens_with_the_recommendation(project):
+    page = (project / "reports/index.html").read_text()
+    body = page.split("<body>\n", 1)[1]
+    assert body.startswith(
+        '<h1>parallel-lab: which strategy for this hardware</h1>\n<section class="answer">\n'
+        "<h2>Which strategy on this hardware: the CPU (up to 2 processes)</h2>"
+    )
+    assert body.index("</section>") < body.index("<table>")
+    markdown = (project / "reports/summary.md").read_text()
+    assert markdown.startswith(
+        "# parallel-lab: which strategy for this hardware\n\n"
+        "## Which strategy on this hardware: the CPU (up to 2 processes)\n\n- **Fastest to "
+    )
+    answer = json.loads((project / "reports/recommendation.json").read_text())
+    summary = json.loads((project / "reports/summary.json").read_text())
+    assert list(answer["objectives"]) == OBJECTIVES
+    fastest = min(summary, key=lambda n: summary[n]["time_to_target_s"])
+    assert fastest in answer["objectives"]["fastest_to_target"]["strategies"]
+    quickest = max(summary, key=lambda n: summary[n]["steady_samples_per_s"])
+    throughput = answer["objectives"]["throughput"]
+    assert quickest in throughput["strategies"]
+    if quickest != "single":  # its reason: the ratio to single's measured samples/s
+        ratio = (
+            summary[quickest]["steady_samples_per_s"] / summary["single"]["steady_samples_per_s"]
+        )
+        assert throughput["reasons"][0].startswith(
+            f"{quickest}: {ratio:.2f}x single's steady samples/s ("
+        )
+    lightest = min(summary, key=lambda n: max(summary[n]["peak_memory_mib"].values()))
+    assert lightest in answer["objectives"]["peak_memory"]["strategies"]
+    assert answer["objectives"]["memory_balance"]["strategies"]  # ddp, fsdp: 2 processes
+    # one seed here: no accuracy difference called real or noise, and how to get an estimate
+    assert answer["noise"].startswith("No noise estimate")
+    assert "dvc exp run --queue -S seed=1,2,3" in answer["noise"]
+    claim = answer["notes_claim"]
+    assert claim["notes"] == {
+        "dp_devices": 2,
+        "single_devices": 1,
+        "single_epoch_s": 14.0,
+        "dp_epoch_s": 9.3,
+        "single_test_acc": 0.92,
+    }
+    assert claim["measured"]["speedup"] == pytest.approx(
+        summary["single"]["steady_epoch_s"] / summary["dp"]["steady_epoch_s"]
+    )
+    assert claim["measured"]["single_devices"] == summary["single"]["n_devices"]
+    assert claim["text"] in markdown and html.escape(claim["text"]) in page
+
+
+def test_the_compare_output_opens_with_the_recommendation(project, tmp_path):
+    """Printed by the compare stage (here on a copy, MLflow away: nothing registered)."""
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy, symlinks=True)
+    out = run_in(copy, "python", "-m", "pipeline.compare", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    assert out.stdout.startswith("## Which strategy on this hardware: the CPU")
+    assert "MLflow model: not registered (MLflow unreachable)" in out.stdout
+    assert out.stdout.index("- **Highest throughput: ") < out.stdout.index("| strategy |")
+
+
+def test_the_recommended_model_is_logged_registered_and_scores_as_reported(project, monkeypatch):
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("tests").experiment_id
+    answer = json.loads((project / "reports/recommendation.json").read_text())
+    registered = answer["registered_model"]
+    name = answer["objectives"]["throughput"]["strategies"][0]
+    record = json.loads((project / f"checkpoints/{name}/run.json").read_text())
+    assert registered["strategy"] == name and registered["run_id"] == record["run_id"]
+    assert registered["uri"] == f"models:/tests/{registered['version']}"
+    markdown = (project / "reports/summary.md").read_text()
+    assert f'mlflow.pytorch.load_model("{registered["uri"]}")' in markdown
+    version = client.get_model_version("tests", registered["version"])
+    assert version.run_id == record["run_id"]
+    assert version.source == client.get_logged_model(record["model_id"]).model_uri
+    # every strategy's run holds its final model, once
+    for strategy in strategies.NAMES:
+        run_id = json.loads((project / f"checkpoints/{strategy}/run.json").read_text())["run_id"]
+        logged = client.search_logged_models([experiment], f"source_run_id = '{run_id}'")
+        assert [m.name for m in logged] == ["model"], strategy
+    reported = json.loads((project / f"results/{name}/metrics.json").read_text())["test_acc"]
+    for model_uri in (f"runs:/{record['run_id']}/model", registered["uri"]):
+        model = mlflow.pytorch.load_model(model_uri)
+        assert abs(accuracy(project, name, model) - reported) <= 1e-6, model_uri
+
+
+def accuracy(project, strategy, model) -> float:
+    """Test accuracy of `model` on the run's test set, normalized as the invariants tests
+    evaluate model.pt (tests/e2e/test_invariants.py `standalone_eval`)."""
+    cfg = yaml.safe_load((project / f"results/{strategy}/config.yaml").read_text())
+    tensors = torch.load(project / "data/fashion-mnist/tensors.pt", weights_only=True)
+    n = cfg["data"]["limit_test"] or len(tensors["test_labels"])
+    images = (tensors["test_images"][:n].float() / 255 - 0.2860) / 0.3530
+    labels = tensors["test_labels"][:n].long()
+    batch = cfg["train"]["eval_batch_size"]
+    correct = 0
+    with torch.no_grad():
+        for x, y in zip(images.split(batch), labels.split(batch)):
+            correct += int((model(x.unsqueeze(1)).argmax(1) == y).sum())
+    return correct / n

@@ -313,3 +313,11 @@ def test_a_queued_sweep_runs_and_compares_across_experiments(tmp_path, http_mirr
     assert len(rows) == 2 and all("| single |" in r for r in rows), table
     assert {r.split(" | ")[3] for r in rows} == {"0.05", "0.2"}  # the train.lr column
     assert "No metrics" not in table
+    # DVC ran them in temporary copies: their MLflow runs are in the repository's own store,
+    # each tagged with its experiment's name
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    (exp_id,) = [e.experiment_id for e in client.search_experiments() if e.name == "tests"]
+    trained = client.search_runs([exp_id], "tags.dvc_stage = 'train@single'")
+    names = {e["name"] for e in experiments}
+    assert {r.data.tags.get("dvc_experiment") for r in trained} == names, names
+    assert sorted(r.data.params["train.lr"] for r in trained) == ["0.05", "0.2"]

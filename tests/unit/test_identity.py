@@ -9,6 +9,7 @@ import pytest
 from pipeline import strategies
 from pipeline.config import Config, flatten
 from pipeline.strategies import ddp, fsdp
+from pipeline.training.hardware import local_facts, merge
 from pipeline.training.identity import (
     SHAPING,
     RunIdentity,
@@ -33,6 +34,16 @@ NOT_SHAPING = (
 )
 
 
+HW = local_facts(["cpu", "cpu"], "fp32", 2, cpu=lambda: "AMD EPYC (AVX512)")
+
+
+def gpu_facts(name: str = "NVIDIA H100 80GB HBM3", cc: str = "9.0", n: int = 2, **kw) -> dict:
+    """What local_facts records on GPUs, through its seam (no GPU here)."""
+    devices = [f"cuda:{i}" for i in range(n)]
+    kind = lambda i: f"{name} (compute capability {cc})"  # noqa: E731
+    return local_facts(devices, kw.get("precision", "bf16"), n, gpu=kind)
+
+
 def identity(**changes) -> RunIdentity:
     base = dict(
         params={"train.lr": 0.1, "model.width": 8},
@@ -40,6 +51,7 @@ def identity(**changes) -> RunIdentity:
         world_size=2,
         code={"pipeline/training/optim.py": "a", "pipeline/training/loop.py": "b"},
         data="d",
+        hardware=HW,
     )
     return RunIdentity(**{**base, **changes})
 
@@ -69,6 +81,10 @@ def test_the_source_digest_sees_code_not_comments_docstrings_or_layout(tmp_path)
             "code differs (pipeline/training/optim.py)",
         ),
         ({"data": "e"}, "training data differs"),
+        (
+            {"hardware": gpu_facts()},
+            "other hardware (devices: ['cpu', 'cpu'] -> ['cuda:0', 'cuda:1']",
+        ),
     ],
 )
 def test_the_difference_names_what_changed(change, words):
@@ -92,14 +108,14 @@ def test_the_identity_covers_the_trajectory_code_this_process_imported(tmp_path)
     assert not any(k.startswith(("pipeline/tracking/", "pipeline/reporting/")) for k in code)
     data = tmp_path / "tensors.pt"
     data.write_bytes(b"0123")
-    first = run_identity(Config(), ddp.FACTS, 2, data)
+    first = run_identity(Config(), ddp.FACTS, 2, data, HW)
     cfg = Config()
     cfg.mlflow.experiment, cfg.devices, cfg.checkpoint.max_restarts = "other", "cpu", 3
-    assert run_identity(cfg, ddp.FACTS, 2, data).key == first.key  # nothing that shapes it
+    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key == first.key  # nothing that shapes it
     cfg.train.lr = 0.2
-    assert run_identity(cfg, ddp.FACTS, 2, data).key != first.key
+    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key != first.key
     data.write_bytes(b"0124")
-    assert run_identity(Config(), ddp.FACTS, 2, Path(data)).key != first.key
+    assert run_identity(Config(), ddp.FACTS, 2, Path(data), HW).key != first.key
 
 
 def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
@@ -108,13 +124,15 @@ def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
     data = tmp_path / "tensors.pt"
     data.write_bytes(b"0123")
     cfg = Config()
-    first = run_identity(cfg, ddp.FACTS, 2, data)
+    first = run_identity(cfg, ddp.FACTS, 2, data, HW)
     cfg.fsdp.nproc, cfg.fsdp.mixed_precision, cfg.pipeline_parallel.stages = 3, "bf16", 3
     cfg.ddp.nproc = 4  # the world size, which the identity holds on its own
-    assert run_identity(cfg, ddp.FACTS, 2, data).key == first.key
+    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key == first.key
     cfg.ddp.sync_bn = False
-    assert run_identity(cfg, ddp.FACTS, 2, data).key != first.key
-    assert run_identity(Config(), fsdp.FACTS, 2, data).params.get("fsdp.mixed_precision") == "none"
+    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key != first.key
+    assert (
+        run_identity(Config(), fsdp.FACTS, 2, data, HW).params.get("fsdp.mixed_precision") == "none"
+    )
 
 
 def test_every_key_is_shaping_a_strategys_own_or_named_as_not_shaping():
@@ -132,3 +150,46 @@ def test_every_key_is_shaping_a_strategys_own_or_named_as_not_shaping():
     for name, facts in sections.items():
         fields = {f.name for f in dataclasses.fields(facts.options)}
         assert set(facts.shaping_keys) <= fields, name
+
+
+@pytest.mark.parametrize(
+    "other, what",
+    [
+        (gpu_facts(name="NVIDIA A100-SXM4-80GB", cc="8.0"), "kind"),  # a requeue onto an A100
+        (gpu_facts(n=4), "count"),  # dp on "0,1,2,3" after "0,1"
+        (gpu_facts(precision="fp16"), "precision"),
+        (HW, "devices"),  # a GPU checkpoint resumed on the CPU
+    ],
+)
+def test_a_checkpoint_from_other_hardware_is_not_this_runs(other, what):
+    ran, now = identity(hardware=gpu_facts()), identity(hardware=other)
+    assert ran.key != now.key
+    why = now.difference(ran.to_record())
+    assert why.startswith("it ran on other hardware (") and what in why and "\n" not in why
+
+
+def test_the_hardware_record_names_gpus_cpus_precision_and_versions():
+    facts = gpu_facts()
+    assert facts["kind"] == ["NVIDIA H100 80GB HBM3 (compute capability 9.0)"]
+    assert facts["devices"] == ["cuda:0", "cuda:1"] and facts["count"] == 2
+    assert facts["precision"] == "bf16" and facts["torch"] and "cuda" in facts
+    cpu = local_facts(["cpu"], "fp32", 3, cpu=lambda: "Intel Xeon (AVX2)")
+    assert cpu["kind"] == ["Intel Xeon (AVX2)"] and cpu["count"] == 3  # processes on the CPU
+    # the nodes of a job agree on one record holding every node's kind
+    node1 = local_facts(["cpu"], "fp32", 3, cpu=lambda: "AMD EPYC (AVX512)")
+    assert merge([cpu, node1])["kind"] == ["AMD EPYC (AVX512)", "Intel Xeon (AVX2)"]
+
+
+def test_the_world_size_counts_only_where_the_trajectory_depends_on_it(tmp_path):
+    """ddp and fsdp with SyncBN compute the same at any world size: their checkpoints resume
+    at another one, resharded. Without SyncBN each rank's BatchNorm sees its own share."""
+    data = tmp_path / "tensors.pt"
+    data.write_bytes(b"0123")
+    on = [local_facts(["cpu"], "fp32", world, cpu=lambda: "AMD EPYC (AVX512)") for world in (2, 3)]
+    cfg = Config()
+    two, three = (run_identity(cfg, ddp.FACTS, w, data, hw) for w, hw in zip((2, 3), on))
+    assert two.key == three.key and two.world_size is None
+    cfg.ddp.sync_bn = False
+    two, three = (run_identity(cfg, ddp.FACTS, w, data, hw) for w, hw in zip((2, 3), on))
+    assert two.key != three.key
+    assert "written by 2 process(es), this run has 3" in three.difference(two.to_record())

@@ -66,31 +66,70 @@ def test_epoch_metrics_name_devices_by_physical_id_or_rank():
     }
 
 
+def test_epoch_metrics_keep_training_and_evaluation_apart():
+    """Training's keys keep their names; evaluation's carry the eval_ prefix."""
+    both = memory.epoch_metrics(
+        [DevicePeak("gpu3", 300.0, 400.0), DevicePeak("gpu5", 100.0, 150.0)],
+        [DevicePeak("gpu3", 50.0, 400.0), DevicePeak("gpu5", 150.0, 150.0)],
+    )
+    assert both == {
+        "gpu3/peak_allocated_mib": 300.0,
+        "gpu3/peak_reserved_mib": 400.0,
+        "gpu5/peak_allocated_mib": 100.0,
+        "gpu5/peak_reserved_mib": 150.0,
+        "mem_imbalance": pytest.approx(1.5),
+        "gpu0_share": pytest.approx(0.75),
+        "gpu3/eval_peak_allocated_mib": 50.0,
+        "gpu3/eval_peak_reserved_mib": 400.0,
+        "gpu5/eval_peak_allocated_mib": 150.0,
+        "gpu5/eval_peak_reserved_mib": 150.0,
+        "eval_mem_imbalance": pytest.approx(1.5),
+        "eval_gpu0_share": pytest.approx(0.25),
+    }
+    cpu = memory.epoch_metrics([DevicePeak("cpu0", 900.0, None)], [DevicePeak("cpu0", 700.0, None)])
+    assert cpu["cpu0/peak_rss_mib"] == 900.0 and cpu["cpu0/eval_peak_rss_mib"] == 700.0
+    assert cpu["cpu0_share"] == cpu["eval_cpu0_share"] == 1.0
+
+
 def test_run_summary_takes_each_devices_highest_epoch():
     history = [
         {
             "epoch": 1,
             "test_acc": 0.5,
             **memory.epoch_metrics(
-                [DevicePeak("gpu3", 300.0, 512.0), DevicePeak("gpu5", 100.0, 128.0)]
+                [DevicePeak("gpu3", 300.0, 512.0), DevicePeak("gpu5", 100.0, 128.0)],
+                [DevicePeak("gpu3", 400.0, 600.0), DevicePeak("gpu5", 100.0, 128.0)],
             ),
         },
         {
             "epoch": 2,
             "test_acc": 0.6,
             **memory.epoch_metrics(
-                [DevicePeak("gpu3", 250.0, 512.0), DevicePeak("gpu5", 200.0, 256.0)]
+                [DevicePeak("gpu3", 250.0, 512.0), DevicePeak("gpu5", 200.0, 256.0)],
+                [DevicePeak("gpu3", 40.0, 512.0), DevicePeak("gpu5", 300.0, 256.0)],
             ),
         },
     ]
     summary = memory.run_summary(history)
     assert summary["memory_kind"] == "gpu"
     assert list(summary["peak_memory_mib"]) == ["gpu3", "gpu5"]  # device 0 first
+    # training's peaks only: evaluation's higher ones do not leak in
     assert summary["peak_memory_mib"] == {"gpu3": 300.0, "gpu5": 200.0}
     assert summary["peak_reserved_mib"] == {"gpu3": 512.0, "gpu5": 256.0}
     assert summary["mem_imbalance"] == pytest.approx(1.2)
     assert summary["gpu0_share"] == pytest.approx(0.6)
-    assert memory.run_summary([{"epoch": 1, "test_acc": 0.5}])["memory_kind"] == "none"
+    # evaluation's, apart
+    assert summary["eval_peak_memory_mib"] == {"gpu3": 400.0, "gpu5": 300.0}
+    assert summary["eval_peak_reserved_mib"] == {"gpu3": 600.0, "gpu5": 256.0}
+    assert summary["eval_mem_imbalance"] == pytest.approx(400.0 / 350.0)
+    assert summary["eval_gpu0_share"] == pytest.approx(4.0 / 7.0)
+    none = memory.run_summary([{"epoch": 1, "test_acc": 0.5}])
+    assert none["memory_kind"] == "none" and none["peak_memory_mib"] == {}
+    assert none["mem_imbalance"] is None and none["eval_mem_imbalance"] is None
+    # epochs recorded before evaluation was measured apart (an old checkpoint): no eval peaks
+    old = memory.run_summary([memory.epoch_metrics([DevicePeak("cpu0", 900.0, None)])])
+    assert old["memory_kind"] == "cpu" and old["peak_memory_mib"] == {"cpu0": 900.0}
+    assert old["eval_peak_memory_mib"] == {} and old["eval_mem_imbalance"] is None
 
 
 def test_cpu_peak_is_the_process_rss_and_resets_each_epoch():

@@ -3,16 +3,20 @@
 import pytest
 
 from pipeline import results
+from pipeline.batch_plan import BatchPlan
 from pipeline.config import ConfigError, load_config
 from pipeline.reporting import table
 from pipeline.results import EpochRow, RunSummary
 
 
-def history(accs, seconds) -> list[EpochRow]:
+def history(accs, seconds, warmup=(), samples=None) -> list[EpochRow]:
+    """Epochs 1..n; `warmup`: the epochs (1-based) marked warm-up; `samples`: each epoch's
+    samples (64 each unless given)."""
     wall, rows = 0.0, []
-    for i, (acc, s) in enumerate(zip(accs, seconds)):
+    samples = samples or [64] * len(seconds)
+    for i, (acc, s, n) in enumerate(zip(accs, seconds, samples)):
         wall += s
-        rows.append(EpochRow(i + 1, 1.0, 0.5, 1.0, acc, s, 64 / s, wall))
+        rows.append(EpochRow(i + 1, 1.0, 0.5, 1.0, acc, s, n / s, wall, warmup=i + 1 in warmup))
     return rows
 
 
@@ -23,6 +27,10 @@ def metrics(name, devices, steady, acc, peaks) -> RunSummary:
         "peak_reserved_mib": peaks,
         "mem_imbalance": 1.0,
         "gpu0_share": 0.5,
+        "eval_peak_memory_mib": {k: v / 4 for k, v in peaks.items()},
+        "eval_peak_reserved_mib": peaks,
+        "eval_mem_imbalance": 1.0,
+        "eval_gpu0_share": 0.5,
     }
     return RunSummary(
         strategy=name,
@@ -45,10 +53,52 @@ def metrics(name, devices, steady, acc, peaks) -> RunSummary:
 
 
 def test_warmup_is_the_first_epoch_and_steady_the_median_of_the_rest():
-    assert results.warmup_seconds([10.0, 2.0, 4.0, 3.0]) == 10.0
-    assert results.steady_seconds([10.0, 2.0, 4.0, 3.0]) == 3.0
-    assert results.steady_seconds([10.0, 2.0, 4.0]) == 3.0
-    assert results.steady_seconds([10.0]) == 10.0  # one epoch: no steady state to tell apart
+    accs = [0.5] * 4
+    assert results.warmup_seconds(history(accs, [10.0, 2.0, 4.0, 3.0], {1})) == 10.0
+    assert results.steady_seconds(history(accs, [10.0, 2.0, 4.0, 3.0], {1})) == 3.0
+    assert results.steady_seconds(history(accs, [10.0, 2.0, 4.0], {1})) == 3.0
+    # one epoch: no steady state to tell apart, it stands in (as every figure of the run)
+    (one,) = history([0.5], [10.0], {1}, samples=[640])
+    assert results.steady_rows([one]) == [one]
+    assert results.steady_seconds([one]) == results.warmup_seconds([one]) == 10.0
+    assert results.steady_samples_per_s([one]) == 64.0
+    # epoch 1 counts as warm-up also in a history recorded before the mark existed
+    assert results.steady_seconds(history(accs, [10.0, 2.0, 4.0, 3.0])) == 3.0
+
+
+def test_steady_figures_leave_out_every_warmup_epoch():
+    """A run stopped in epoch 3 at step 6 of 10 and resumed: epoch 3 is the resumed process's
+    first, a warm-up, which ran steps 6..9 only; the steady epochs are 2 and 4."""
+    plan = BatchPlan.make(32, 1).drawing_from(320)  # 10 steps of 32
+    assert (plan.steps, plan.samples_per_epoch) == (10, 320)
+    assert plan.samples_from(0) == 320 and plan.samples_from(6) == (10 - 6) * 32 == 128
+    assert plan.samples_from(10) == 0
+    with pytest.raises(ValueError):
+        plan.samples_from(11)
+    samples = [320, 320, plan.samples_from(6), 320]
+    h = history([0.5] * 4, [9.0, 2.0, 1.5, 4.0], {1, 3}, samples)
+    assert [r.epoch for r in results.steady_rows(h)] == [2, 4]
+    assert h[2].samples_per_s * h[2].epoch_seconds == pytest.approx(128)
+    assert results.steady_seconds(h) == 3.0  # median of 2.0 and 4.0
+    assert results.steady_samples_per_s(h) == pytest.approx(320 / 3.0)
+    assert results.warmup_seconds(h) == 9.0
+    # every epoch a warm-up (each in a process of its own): all of them stand in
+    h = history([0.5] * 2, [9.0, 1.5], {1, 2}, [320, 128])
+    assert results.steady_rows(h) == h
+    assert results.steady_samples_per_s(h) == pytest.approx(224 / 5.25)
+
+
+def test_warmup_mark_goes_through_history_csv_and_the_checkpoint_record():
+    rows = history([0.5, 0.6], [9.0, 2.0], {1})
+    header, first, second = results.history_csv(rows).splitlines()
+    column = header.split(",").index("warmup")
+    assert (first.split(",")[column], second.split(",")[column]) == ("1", "0")
+    assert rows[0].metrics()["warmup"] == 1.0 and rows[1].metrics()["warmup"] == 0.0
+    assert [EpochRow.from_record(r.to_record()) for r in rows] == rows
+    parsed = {k: float(v) for k, v in zip(header.split(","), first.split(","))}
+    assert EpochRow.from_record(parsed).warmup is True
+    old = {k: v for k, v in rows[0].to_record().items() if k != "warmup"}  # before the mark
+    assert EpochRow.from_record(old).warmup is False and "warmup" not in rows[0].memory
 
 
 def test_time_to_target_is_the_first_crossing_or_none():
@@ -83,15 +133,26 @@ def test_rows_compare_against_single():
     assert "peak allocated MiB per GPU" in text and "time to acc 0.85" in text
     assert "| ddp | 2 | cuda:0, cuda:1 | 32+32 | 9.00 | 4.00 | 1600 | 2.50x | 125% |" in text
     assert "gpu0 60, gpu1 60" in text and "13.0 s (epoch 2)" in text
+    # training and evaluation peaks both shown; the peak and imbalance columns are training's
+    head, cells = table.table_cells([single, ddp], 0.85)
+    ddp_cells = dict(zip(head, cells[1]))
+    assert ddp_cells["training peak allocated MiB per GPU"] == "gpu0 60, gpu1 60"
+    assert ddp_cells["eval peak allocated MiB per GPU"] == "gpu0 15, gpu1 15"
+    assert ddp_cells["training mem imbalance (max/mean)"] == "1.00"
+    assert ddp["peak_memory_mib"] == {"gpu0": 60.0, "gpu1": 60.0}
+    assert ddp["eval_peak_memory_mib"] == {"gpu0": 15.0, "gpu1": 15.0}
 
 
 def test_rows_without_single_say_so_instead_of_inventing_a_baseline():
     ddp = metrics("ddp", ["cpu", "cpu"], 4.0, 0.8, {"cpu0": 900.0, "cpu1": 800.0})
     ddp.memory.update(memory_kind="cpu", peak_reserved_mib={})
+    del ddp.memory["eval_peak_memory_mib"]  # results written before evaluation was measured
     (row,) = table.comparison_rows([ddp], {"ddp": history([0.5], [4.0])}, 0.9)
     assert row["speedup_vs_single"] is None and row["acc_delta_vs_single"] is None
     text = table.markdown_table([row], 0.9)
-    assert "peak RSS (CPU) MiB per process" in text
+    assert "training peak RSS (CPU) MiB per process" in text
+    assert "eval peak RSS (CPU) MiB per process" in text
+    assert "| cpu0 900, cpu1 800 | 1.00 | n/a |" in text
     assert "| n/a | n/a |" in text and "not reached" in text
 
 

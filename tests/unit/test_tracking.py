@@ -15,7 +15,9 @@ from pipeline.tracking.publish import publish_strategy
 @pytest.fixture
 def tracker(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = Tracker(tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f")
+    tracker = Tracker(
+        tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f", fresh=True
+    )
     tracker.publish([])
     return tracker
 
@@ -62,12 +64,29 @@ def test_statuses_follow_the_stage_and_a_resumed_run_runs_again(tracker, tmp_pat
     assert client.get_run(tracker.run_id).info.status == "RUNNING"
     tracker.publish([epoch(1)], status="KILLED")  # SIGTERM: checkpointed, to be resumed
     assert client.get_run(tracker.run_id).info.status == "KILLED"
-    resumed = Tracker(tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f")
+    resumed = Tracker(
+        tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f", fresh=False
+    )
     resumed.publish([epoch(1)])
     assert resumed.run_id == tracker.run_id
     assert client.get_run(tracker.run_id).info.status == "RUNNING"
     resumed.publish([epoch(1), epoch(2)], status="FINISHED")
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_a_fresh_start_of_the_same_identity_gets_a_run_of_its_own(tracker, tmp_path):
+    """Its checkpoints gone (or never written), the same configuration trains from scratch:
+    a new MLflow run with its own epochs and artifacts; the old one stays as it ended."""
+    client = MlflowClient()
+    tracker.publish([epoch(1), epoch(2)], status="FINISHED")
+    again = Tracker(
+        tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f", fresh=True
+    )
+    again.publish([epoch(1)])
+    assert again.run_id != tracker.run_id
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "test_acc")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(again.run_id, "test_acc")] == [1]
 
 
 def test_epochs_are_stamped_when_they_ended_not_when_they_were_pushed(tracker):
@@ -100,7 +119,9 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
     assert parents[0] == parents[1]
     close_comparison(parents[0], {tracker.run_id: {"speedup_vs_single": 1.0}}, [])
     # a new run of the strategy: a new comparison, and the old parent, now empty, goes
-    newer = Tracker(tmp_path / "run2.json", "tests", "run", {}, {"lr": 0.2}, fingerprint="g")
+    newer = Tracker(
+        tmp_path / "run2.json", "tests", "run", {}, {"lr": 0.2}, fingerprint="g", fresh=True
+    )
     newer.publish([])
     newer_comparison = open_comparison("tests", [newer.run_id], {}, {})
     parent = newer_comparison.parent_id

@@ -1,0 +1,484 @@
+"""The report's answer: which strategy to use on this hardware, one recommendation per
+objective, each with its reasons in measured numbers. Pure functions over the rows the table
+computes (table.comparison_rows): no files, no MLflow.
+
+Objectives (a strategy missing the figure is left out of that objective and named):
+  fastest_to_target  least wall time until test accuracy first reached report.target_accuracy
+  throughput         most steady samples/s
+  peak_memory        lowest training peak on the strategy's busiest device
+  memory_balance     lowest training memory imbalance (max/mean over devices), among the
+                     strategies that spread over more than one device
+Two strategies tie when their figures read the same at the precision the report shows them;
+tied strategies are all recommended, the best of their exact figures first.
+
+Accuracy differences against `single` are called real or within noise only with a measured
+noise estimate: the spread (max - min) of final test accuracy across seeds of otherwise
+identical runs (`seed_spread`); a difference is real when it exceeds the larger spread of the
+two strategies compared (`accuracy_verdict`). Without seeds the answer says there is no
+estimate, and how to get one.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from pipeline.reporting.table import BASELINE
+from pipeline.tracking.comparison import Registration
+
+# The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
+# measured here for dp against single
+NOTES_CLAIM = {
+    "dp_devices": 2,
+    "single_devices": 1,
+    "single_epoch_s": 14.0,
+    "dp_epoch_s": 9.3,
+    "single_test_acc": 0.92,
+}
+SEED_SWEEP = (
+    "`dvc exp run --queue -S seed=1,2,3`, then `dvc queue start`, then compare again "
+    "(`dvc repro --force --single-item compare`)"
+)
+# the objective whose choice the compare stage registers in MLflow, if it has one
+REGISTERED_OBJECTIVE = "throughput"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One objective's answer: the strategies it recommends (several on a tie, none when no
+    strategy qualifies), why, and how their accuracy compares with single's."""
+
+    objective: str
+    title: str
+    strategies: tuple[str, ...]
+    reasons: tuple[str, ...]
+    accuracy: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Answer:
+    hardware: str
+    recommendations: tuple[Recommendation, ...]
+    noise: str  # where the noise estimate comes from, or that there is none and how to get one
+    notes_claim: str  # the source notes' dp claim beside what was measured here
+    notes_measured: dict[str, Any] = field(default_factory=dict)
+
+    def choice(self) -> Optional[tuple[str, str]]:
+        """(objective, strategy) whose model the compare stage registers: the throughput
+        pick, else the first objective that recommends one; None if none does."""
+        ordered = sorted(self.recommendations, key=lambda r: r.objective != REGISTERED_OBJECTIVE)
+        return next(((r.objective, r.strategies[0]) for r in ordered if r.strategies), None)
+
+
+# --- the noise rule -----------------------------------------------------------------------
+
+
+def seed_spread(acc_by_seed: Optional[Mapping[str, float]]) -> Optional[float]:
+    """Max - min of final test accuracy across seeds; None with fewer than two seeds."""
+    if not acc_by_seed or len(acc_by_seed) < 2:
+        return None
+    return max(acc_by_seed.values()) - min(acc_by_seed.values())
+
+
+def pair_noise(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """The noise of a difference between two strategies: the larger of their seed spreads
+    that were measured; None if neither was."""
+    known = [s for s in (a, b) if s is not None]
+    return max(known) if known else None
+
+
+def accuracy_verdict(delta: Optional[float], noise: Optional[float]) -> str:
+    """'real', 'within noise', or why neither can be said."""
+    if delta is None:
+        return f"no {BASELINE} run to compare with"
+    if noise is None:
+        return "no noise estimate"
+    return "real" if abs(delta) > noise else "within noise"
+
+
+# --- the objectives -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Objective:
+    key: str
+    title: str
+    value: Callable[[dict], Optional[float]]
+    shown: Callable[[float], str]  # as the report shows it: equal text = a tie
+    lower_is_better: bool
+    describe: Callable[[dict, float], str]  # "ddp 12345 samples/s"
+
+
+def _and(names: Sequence[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _peak(row: dict) -> Optional[float]:
+    peaks = row.get("peak_memory_mib") or {}
+    return max(peaks.values()) if peaks else None
+
+
+def _busiest(row: dict) -> str:
+    peaks = row.get("peak_memory_mib") or {}
+    return max(peaks, key=peaks.__getitem__) if peaks else "?"
+
+
+def _imbalance(row: dict) -> Optional[float]:
+    if len(row.get("peak_memory_mib") or {}) < 2:
+        return None  # one device: nothing to balance
+    return row.get("mem_imbalance")
+
+
+def _count(row: dict, device: str) -> str:
+    n = len(row.get("peak_memory_mib") or {})
+    return f"{n} {device}{'es' if device == 'process' else 's'}" if n != 1 else f"1 {device}"
+
+
+def _objectives(target: Optional[float], device: str) -> list[_Objective]:
+    reach = f"test accuracy {target:g}" if target is not None else "the target accuracy"
+    return [
+        _Objective(
+            "fastest_to_target",
+            f"Fastest to {reach}",
+            lambda r: r.get("time_to_target_s"),
+            lambda v: f"{v:.1f}",
+            True,
+            lambda r, v: f"{r['strategy']} {v:.1f} s (epoch {r.get('epoch_to_target')})",
+        ),
+        _Objective(
+            "throughput",
+            "Highest throughput",
+            lambda r: r.get("steady_samples_per_s"),
+            lambda v: f"{v:.0f}",
+            False,
+            lambda r, v: f"{r['strategy']} {v:.0f} samples/s",
+        ),
+        _Objective(
+            "peak_memory",
+            "Lowest per-device peak memory",
+            _peak,
+            lambda v: f"{v:.0f}",
+            True,
+            lambda r, v: f"{r['strategy']} {v:.0f} MiB ({_busiest(r)})",
+        ),
+        _Objective(
+            "memory_balance",
+            "Most even memory across devices",
+            _imbalance,
+            lambda v: f"{v:.2f}",
+            True,
+            lambda r, v: f"{r['strategy']} {v:.2f} over {_count(r, device)}",
+        ),
+    ]
+
+
+def _winner_reason(objective: str, row: dict, value: float, device: str) -> str:
+    name = row["strategy"]
+    if objective == "fastest_to_target":
+        return f"{name}: reached it in {value:.1f} s of training (epoch {row['epoch_to_target']})"
+    if objective == "throughput":
+        return f"{name}: {value:.0f} steady samples/s"
+    if objective == "peak_memory":
+        return f"{name}: {value:.0f} MiB training peak on its busiest {device} ({_busiest(row)})"
+    cells = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_memory_mib"].items())
+    return (
+        f"{name}: its busiest {device} peaks at {value:.2f}x the mean over its "
+        f"{_count(row, device)} ({cells} MiB)"
+    )
+
+
+def _ratio_reason(
+    objective: str, name: str, value: float, other: str, theirs: float, device: str
+) -> str:
+    """The winner against another strategy: "ddp: 1.63x single's ... (a vs b ...)"."""
+    if value <= 0 or theirs <= 0:  # no ratio to speak of
+        return f"{name}: {value:g} vs {other}'s {theirs:g}"
+    if objective == "fastest_to_target":
+        return f"{name}: {theirs / value:.2f}x sooner than {other} ({value:.1f} vs {theirs:.1f} s)"
+    if objective == "throughput":
+        return (
+            f"{name}: {value / theirs:.2f}x {other}'s steady samples/s "
+            f"({value:.0f} vs {theirs:.0f} samples/s)"
+        )
+    if objective == "peak_memory":
+        return (
+            f"{name}: {value / theirs:.2f}x {other}'s training peak on the busiest {device} "
+            f"({value:.0f} vs {theirs:.0f} MiB)"
+        )
+    return f"{name}: imbalance {value:.2f} vs {other}'s {theirs:.2f}"
+
+
+def _recommend(
+    objective: _Objective,
+    rows: list[dict],
+    target: Optional[float],
+    device: str,
+    verdicts: Mapping[str, str],
+) -> Recommendation:
+    measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
+    missing = [r["strategy"] for r in rows if objective.value(r) is None]
+
+    def none(reason: str) -> Recommendation:
+        return Recommendation(objective.key, objective.title, (), (reason,))
+
+    if objective.key == "fastest_to_target":
+        if target is None:
+            return none("no target set (report.target_accuracy): nothing to reach")
+        if not measured:
+            top = max(rows, key=lambda r: r["test_acc"])
+            return none(
+                f"no strategy reached test accuracy {target:g} (the highest final: "
+                f"{top['strategy']} {top['test_acc']:.4f}); none recommended for it"
+            )
+        missing_text = f"not reached by {', '.join(missing)}"
+    elif objective.key == "memory_balance":
+        if not measured:
+            return none("every strategy ran on one device: nothing to balance")
+        missing_text = f"one device, nothing to balance: {', '.join(missing)}"
+    else:
+        if not measured:
+            return none("no strategy has this figure")
+        missing_text = f"not measured: {', '.join(missing)}"
+
+    sign = 1 if objective.lower_is_better else -1
+    ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
+    best_row, best = ranked[0]
+    winners = [(r, v) for r, v in ranked if objective.shown(v) == objective.shown(best)]
+    rest = ranked[len(winners) :]
+    names = tuple(r["strategy"] for r, _ in winners)
+    reasons = []
+    if len(winners) > 1:
+        tied = "; ".join(objective.describe(r, v) for r, v in winners)
+        reasons.append(f"{_and(names)} tie ({tied})")
+    base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
+    if objective.key == "memory_balance":
+        primary = _winner_reason(objective.key, best_row, best, device)
+        if rest:
+            primary += f"; the next best: {objective.describe(*rest[0])}"
+        reasons.append(primary)
+    elif base is not None and BASELINE not in names:
+        reasons.append(_ratio_reason(objective.key, names[0], best, BASELINE, base, device))
+    elif rest:
+        runner, theirs = rest[0]
+        reasons.append(
+            _ratio_reason(objective.key, names[0], best, runner["strategy"], theirs, device)
+            + " (the next best)"
+        )
+    elif len(winners) == 1:
+        only = "the only strategy compared" if len(rows) == 1 else "the only one measured"
+        reasons.append(f"{_winner_reason(objective.key, best_row, best, device)}; {only}")
+    if len(measured) > 2 and rest:  # beyond what the lines above name
+        reasons.append("ranking: " + "; ".join(objective.describe(r, v) for r, v in ranked))
+    if missing:
+        reasons.append(missing_text)
+    accuracy = tuple(verdicts[n] for n in names if n in verdicts)
+    return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy)
+
+
+# --- the answer ------------------------------------------------------------------------------
+
+
+def hardware(rows: list[dict]) -> str:
+    """What the strategies ran on, in words: the GPUs (physical ids) they used, or the CPU."""
+    if rows[0].get("memory_kind") == "gpu":
+        gpus = sorted({d for r in rows for d in (r.get("peak_memory_mib") or {})})
+        gpus = gpus or sorted({d for r in rows for d in r["devices"]})
+        return f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} ({', '.join(gpus)})"
+    most = max(r["world_size"] for r in rows)
+    return f"the CPU (up to {most} process{'es' if most != 1 else ''})"
+
+
+def _accuracy_line(row: dict, base: Optional[dict], noise: Optional[float]) -> str:
+    name = row["strategy"]
+    if base is None:
+        return f"{name} {row['test_acc']:.4f} ({accuracy_verdict(None, noise)})"
+    delta = row["test_acc"] - base["test_acc"]
+    verdict = accuracy_verdict(delta, noise)
+    if noise is not None:
+        verdict += f" (seed spread {noise:.4f})"
+    return (
+        f"{name} {row['test_acc']:.4f} vs {BASELINE} {base['test_acc']:.4f} "
+        f"({delta:+.4f}): {verdict}"
+    )
+
+
+def _noise_text(spreads: Mapping[str, Optional[float]], seeds: Mapping[str, int]) -> str:
+    known = {n: s for n, s in spreads.items() if s is not None}
+    if not known:
+        return (
+            "No noise estimate: each strategy ran with one seed here, so no accuracy "
+            "difference is called real or within noise. To get one: " + SEED_SWEEP + "."
+        )
+    cells = ", ".join(f"{n} {s:.4f} ({seeds.get(n, 0)} seeds)" for n, s in known.items())
+    unknown = [n for n in spreads if n not in known]
+    return (
+        "Noise: the spread (max - min) of final test accuracy across seeds of otherwise "
+        f"identical runs: {cells}. A difference is called real when it exceeds the larger "
+        "spread of the two strategies compared."
+        + (f" No seeds yet for {', '.join(unknown)}: " + SEED_SWEEP + "." if unknown else "")
+    )
+
+
+def _notes_claim(
+    rows: list[dict], noise: Mapping[str, Optional[float]]
+) -> tuple[str, dict[str, Any]]:
+    c = NOTES_CLAIM
+    claim = (
+        f"The source notes: dp on {c['dp_devices']} GPUs vs single on "
+        f"{c['single_devices']} GPU: {c['single_epoch_s'] / c['dp_epoch_s']:.2f}x faster per "
+        f"epoch ({c['single_epoch_s']:g} s -> {c['dp_epoch_s']:g} s), with lower accuracy "
+        f"(single: {c['single_test_acc']:g} test accuracy)."
+    )
+    by = {r["strategy"]: r for r in rows}
+    single, dp = by.get(BASELINE), by.get("dp")
+    if single is None or dp is None:
+        missing = " and ".join(n for n, r in ((BASELINE, single), ("dp", dp)) if r is None)
+        return f"{claim} Here: not measured ({missing} did not run).", {}
+    up = single["steady_epoch_s"] / dp["steady_epoch_s"]
+    delta = dp["test_acc"] - single["test_acc"]
+    kind = "GPU" if single.get("memory_kind") == "gpu" else "CPU device"
+
+    def count(row: dict) -> str:
+        n = row["n_devices"]
+        return f"{n} {kind}{'s' if n != 1 else ''} ({', '.join(row['devices'])})"
+
+    verdict = accuracy_verdict(delta, pair_noise(noise.get("dp"), noise.get(BASELINE)))
+    measured = {
+        "dp_devices": dp["n_devices"],
+        "single_devices": single["n_devices"],
+        "single_epoch_s": single["steady_epoch_s"],
+        "dp_epoch_s": dp["steady_epoch_s"],
+        "speedup": up,
+        "single_test_acc": single["test_acc"],
+        "dp_test_acc": dp["test_acc"],
+        "acc_delta": delta,
+        "acc_verdict": verdict,
+    }
+    return (
+        f"{claim} Here: dp on {count(dp)} vs single on {count(single)}: {up:.2f}x per "
+        f"steady epoch ({single['steady_epoch_s']:.2f} s -> {dp['steady_epoch_s']:.2f} s); "
+        f"test accuracy {single['test_acc']:.4f} -> {dp['test_acc']:.4f} ({delta:+.4f}: "
+        f"{verdict}).",
+        measured,
+    )
+
+
+def recommend(
+    rows: list[dict],
+    target: Optional[float],
+    seeds: Optional[Mapping[str, Optional[Mapping[str, float]]]] = None,
+) -> Answer:
+    """The answer for these rows (table.comparison_rows, in report order). `seeds`: per
+    strategy, the final test accuracy of each seed of otherwise identical runs (None or
+    missing: no noise estimate for it)."""
+    if not rows:
+        raise ValueError("no strategies to recommend from")
+    seeds = seeds or {}
+    spreads = {r["strategy"]: seed_spread(seeds.get(r["strategy"])) for r in rows}
+    base = next((r for r in rows if r["strategy"] == BASELINE), None)
+    verdicts = {
+        r["strategy"]: _accuracy_line(
+            r, base, pair_noise(spreads[r["strategy"]], spreads.get(BASELINE))
+        )
+        for r in rows
+        if r["strategy"] != BASELINE
+    }
+    device = "GPU" if rows[0].get("memory_kind") == "gpu" else "process"
+    recommendations = tuple(
+        _recommend(objective, rows, target, device, verdicts)
+        for objective in _objectives(target, device)
+    )
+    claim, measured = _notes_claim(rows, spreads)
+    counts = {n: len(seeds.get(n) or {}) for n in spreads}
+    return Answer(hardware(rows), recommendations, _noise_text(spreads, counts), claim, measured)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _model_line(registered: Optional[Registration]) -> Optional[str]:
+    if registered is None:
+        return None
+    if registered.version is None:
+        return f"MLflow model: not registered ({registered.why_not})"
+    return (
+        f"MLflow model: {registered.strategy}'s ({registered.objective}) registered as "
+        f"{registered.name} version {registered.version} (run {registered.run_id}); load it "
+        f'with `mlflow.pytorch.load_model("{registered.uri}")`'
+    )
+
+
+def _title(r: Recommendation) -> str:
+    return f"{r.title}: {_and(r.strategies) if r.strategies else 'none'}"
+
+
+def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
+    lines = [f"## Which strategy on this hardware: {answer.hardware}", ""]
+    for r in answer.recommendations:
+        lines.append(f"- **{_title(r)}**")
+        lines += [f"  - {reason}" for reason in r.reasons]
+        if r.accuracy:
+            lines.append(f"  - final test accuracy: {'; '.join(r.accuracy)}")
+    lines += ["", answer.noise, "", answer.notes_claim]
+    model = _model_line(registered)
+    if model is not None:
+        lines += ["", model]
+    return "\n".join(lines) + "\n"
+
+
+def html_section(answer: Answer, registered: Optional[Registration] = None) -> str:
+    def esc(text: str) -> str:  # `code` as <code>
+        return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+    items = []
+    for r in answer.recommendations:
+        details = [esc(x) for x in r.reasons]
+        if r.accuracy:
+            details.append(f"final test accuracy: {esc('; '.join(r.accuracy))}")
+        pick = (
+            _and([f"<span class=pick>{esc(s)}</span>" for s in r.strategies])
+            if r.strategies
+            else "<span class=none>none</span>"
+        )
+        items.append(
+            f"<li><b>{esc(r.title)}:</b> {pick}<ul>"
+            + "".join(f"<li>{d}</li>" for d in details)
+            + "</ul></li>"
+        )
+    model = _model_line(registered)
+    return (
+        '<section class="answer">\n'
+        f"<h2>Which strategy on this hardware: {esc(answer.hardware)}</h2>\n"
+        f"<ul>{''.join(items)}</ul>\n"
+        f'<p class="noise">{esc(answer.noise)}</p>\n'
+        f'<p class="claim">{esc(answer.notes_claim)}</p>\n'
+        + (f'<p class="model">{esc(model)}</p>\n' if model else "")
+        + "</section>"
+    )
+
+
+def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[str, Any]:
+    """reports/recommendation.json."""
+    return {
+        "hardware": answer.hardware,
+        "objectives": {
+            r.objective: {
+                "title": r.title,
+                "strategies": list(r.strategies),
+                "reasons": list(r.reasons),
+                "accuracy": list(r.accuracy),
+            }
+            for r in answer.recommendations
+        },
+        "noise": answer.noise,
+        "notes_claim": {
+            "text": answer.notes_claim,
+            "notes": dict(NOTES_CLAIM),
+            "measured": answer.notes_measured,
+        },
+        "registered_model": None if registered is None else registered.to_json(),
+    }

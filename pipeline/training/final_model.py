@@ -1,0 +1,39 @@
+"""A run's final model as MLflow logs it (pipeline/tracking/mlflow_run.py `log_final_model`):
+results/<strategy>/model.pt loaded into the plain ResNet-18 (`build_model` with config.yaml's
+model.width and seed), with a few normalized test images as its input example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from pipeline.data.device_data import normalize
+from pipeline.data.fashion_mnist import DATA_DIR, TENSORS
+from pipeline.results import CONFIG, MODEL
+from pipeline.tracking.mlflow_run import ModelSource
+from pipeline.training.model import build_model
+
+EXAMPLE_IMAGES = 4  # the input example's batch: more than 1, so the batch dimension is dynamic
+
+
+def plain_model(out_dir: Path) -> nn.Sequential:
+    """The plain model with the weights of `out_dir`/model.pt, in eval mode, on the CPU."""
+    cfg = yaml.safe_load((out_dir / CONFIG).read_text())
+    model = build_model(cfg["model"]["width"], cfg["seed"])
+    model.load_state_dict(torch.load(out_dir / MODEL, weights_only=True, map_location="cpu"))
+    return model.float().eval()
+
+
+def input_example(data_dir: Path = DATA_DIR, n: int = EXAMPLE_IMAGES) -> np.ndarray:
+    """The first `n` test images, normalized as training feeds them: float32 [n, 1, 28, 28]."""
+    tensors = torch.load(data_dir / TENSORS, weights_only=True, mmap=True)
+    return normalize(tensors["test_images"][:n]).numpy()
+
+
+def model_source(out_dir: Path, data_dir: Path = DATA_DIR) -> ModelSource:
+    """What `Tracker.publish` and `publish_strategy` log as the run's MLflow model."""
+    return lambda: (plain_model(out_dir), input_example(data_dir))

@@ -1,0 +1,322 @@
+"""The report's answer (pipeline/reporting/answer.py): one recommendation per objective from
+the table's rows, its reasons in measured numbers, the noise rule, the source notes' claim."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.reporting import answer, table
+from pipeline.reporting.pages import html_page, markdown_page
+from pipeline.reporting.plots import PLOTS
+from pipeline.results import EpochRow, RunSummary
+from pipeline.tracking.comparison import Registration
+
+TARGET = 0.85
+
+
+def run(
+    name: str,
+    devices: list[str],
+    steady: float,
+    acc: float,
+    peaks: dict[str, float],
+    imbalance: float | None = None,
+    kind: str = "gpu",
+) -> RunSummary:
+    if imbalance is None and peaks:
+        imbalance = max(peaks.values()) / (sum(peaks.values()) / len(peaks))
+    memory = {"memory_kind": kind, "peak_memory_mib": peaks, "mem_imbalance": imbalance}
+    return RunSummary(
+        strategy=name,
+        world_size=len(devices),
+        devices=devices,
+        batch_split=[64 // len(devices)] * len(devices),
+        epochs=2,
+        test_acc=acc,
+        best_test_acc=acc,
+        test_loss=1.0,
+        train_loss=1.0,
+        epoch_seconds=steady,
+        samples_per_s=6400 / steady,
+        total_seconds=9.0 + steady,
+        warmup_epoch_seconds=9.0,
+        steady_epoch_seconds=steady,
+        steady_samples_per_s=6400 / steady,
+        memory=memory,
+    )
+
+
+def history(accs: list[float], seconds: list[float]) -> list[EpochRow]:
+    wall, out = 0.0, []
+    for i, (acc, s) in enumerate(zip(accs, seconds)):
+        wall += s
+        out.append(EpochRow(i + 1, 1.0, 0.5, 1.0, acc, s, 64 / s, wall))
+    return out
+
+
+def rows_of(runs: list[RunSummary], target: float | None = TARGET) -> list[dict]:
+    hist = {r.strategy: history([0.5, r.test_acc], [9.0, r.steady_epoch_seconds]) for r in runs}
+    return table.comparison_rows(runs, hist, target)
+
+
+SINGLE = run("single", ["cuda:0"], 10.0, 0.90, {"gpu0": 100.0})
+DP = run("dp", ["cuda:0", "cuda:1"], 6.6, 0.885, {"gpu0": 90.0, "gpu1": 50.0})
+DDP = run("ddp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 60.0, "gpu1": 60.0})
+
+
+def by_objective(a: answer.Answer) -> dict[str, answer.Recommendation]:
+    return {r.objective: r for r in a.recommendations}
+
+
+def test_each_objective_recommends_with_its_reasons_in_numbers():
+    a = answer.recommend(rows_of([SINGLE, DP, DDP]), TARGET)
+    assert a.hardware == "2 GPUs (gpu0, gpu1)"
+    rec = by_objective(a)
+    assert list(rec) == ["fastest_to_target", "throughput", "peak_memory", "memory_balance"]
+    assert all(r.strategies == ("ddp",) for r in a.recommendations)
+    # ddp reaches 0.88 (>= 0.85) at epoch 2: 9 + 4 = 13 s; single 19 s
+    assert rec["fastest_to_target"].title == "Fastest to test accuracy 0.85"
+    assert rec["fastest_to_target"].reasons[0] == "ddp: 1.46x sooner than single (13.0 vs 19.0 s)"
+    assert rec["throughput"].reasons[0] == (
+        "ddp: 2.50x single's steady samples/s (1600 vs 640 samples/s)"
+    )
+    assert rec["throughput"].reasons[1] == (
+        "ranking: ddp 1600 samples/s; dp 970 samples/s; single 640 samples/s"
+    )
+    assert rec["peak_memory"].reasons[0] == (
+        "ddp: 0.60x single's training peak on the busiest GPU (60 vs 100 MiB)"
+    )
+    # single ran on one device: nothing to balance, so it is out of that objective
+    balance = rec["memory_balance"]
+    assert balance.reasons[0].startswith("ddp: its busiest GPU peaks at 1.00x the mean over")
+    assert "(gpu0 60, gpu1 60 MiB); the next best: dp 1.29 over 2 GPUs" in balance.reasons[0]
+    assert balance.reasons[-1] == "one device, nothing to balance: single"
+    assert a.choice() == ("throughput", "ddp")
+
+
+def test_a_tie_recommends_every_tied_strategy():
+    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 60.4, "gpu1": 59.6})
+    rec = by_objective(answer.recommend(rows_of([SINGLE, DDP, fsdp]), TARGET))
+    assert rec["throughput"].strategies == ("ddp", "fsdp")
+    assert rec["throughput"].reasons[0] == (
+        "ddp and fsdp tie (ddp 1600 samples/s; fsdp 1600 samples/s)"
+    )
+    assert rec["fastest_to_target"].strategies == ("ddp", "fsdp")
+    # the peaks read the same at the report's precision (60 MiB): a tie too
+    assert rec["peak_memory"].strategies == ("ddp", "fsdp")
+    assert rec["memory_balance"].strategies == ("ddp",)  # 1.00 and 1.01 read apart
+    # three-way: the exact figures' best first, named as a list
+    slower = run("pipeline_parallel", ["cuda:0", "cuda:1"], 4.001, 0.88, {"gpu0": 9.0, "gpu1": 9.0})
+    three = by_objective(answer.recommend(rows_of([SINGLE, slower, DDP, fsdp]), TARGET))
+    assert three["throughput"].strategies == ("ddp", "fsdp", "pipeline_parallel")
+    assert three["throughput"].reasons[0].startswith("ddp, fsdp and pipeline_parallel tie (")
+    assert "- **Highest throughput: ddp, fsdp and pipeline_parallel**" in answer.markdown(
+        answer.recommend(rows_of([SINGLE, slower, DDP, fsdp]), TARGET)
+    )
+    assert answer.recommend(rows_of([SINGLE, DDP, fsdp]), TARGET).choice() == ("throughput", "ddp")
+
+
+def test_figures_that_read_apart_are_no_tie():
+    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 62.0, "gpu1": 58.0})
+    rec = by_objective(answer.recommend(rows_of([DDP, fsdp]), TARGET))
+    assert rec["peak_memory"].strategies == ("ddp",)
+    assert rec["memory_balance"].strategies == ("ddp",)  # 1.00 vs 1.03
+
+
+def test_missing_figures_leave_a_strategy_out_and_say_so():
+    old = run("dp", ["cuda:0", "cuda:1"], 6.6, 0.80, {})  # results from before memory was measured
+    rec = by_objective(answer.recommend(rows_of([SINGLE, old, DDP]), TARGET))
+    assert rec["peak_memory"].strategies == ("ddp",)
+    assert rec["peak_memory"].reasons[-1] == "not measured: dp"
+    assert rec["memory_balance"].reasons[-1] == "one device, nothing to balance: single, dp"
+    # dp's 0.80 never reached 0.85
+    assert rec["fastest_to_target"].reasons[-1] == "not reached by dp"
+
+
+def test_a_single_strategy_is_the_answer_and_says_it_is_alone():
+    a = answer.recommend(rows_of([SINGLE]), TARGET)
+    rec = by_objective(a)
+    assert rec["throughput"].strategies == ("single",)
+    assert rec["throughput"].reasons == (
+        "single: 640 steady samples/s; the only strategy compared",
+    )
+    assert rec["throughput"].accuracy == ()  # nothing to compare single with
+    assert rec["memory_balance"].strategies == ()
+    assert rec["memory_balance"].reasons == (
+        "every strategy ran on one device: nothing to balance",
+    )
+    assert "Here: not measured (dp did not run)." in a.notes_claim
+    assert a.choice() == ("throughput", "single")
+    assert a.hardware == "1 GPU (gpu0)"
+
+
+def test_single_winning_is_compared_with_the_next_best():
+    slow = run("ddp", ["cuda:0", "cuda:1"], 12.5, 0.88, {"gpu0": 120.0, "gpu1": 120.0})
+    rec = by_objective(answer.recommend(rows_of([SINGLE, slow]), TARGET))
+    assert rec["throughput"].reasons[0] == (
+        "single: 1.25x ddp's steady samples/s (640 vs 512 samples/s) (the next best)"
+    )
+    assert rec["peak_memory"].reasons[0] == (
+        "single: 0.83x ddp's training peak on the busiest GPU (100 vs 120 MiB) (the next best)"
+    )
+
+
+def test_when_no_strategy_reached_the_target_none_is_recommended_for_it():
+    a = answer.recommend(rows_of([SINGLE, DDP], target=0.95), 0.95)
+    rec = by_objective(a)
+    assert rec["fastest_to_target"].strategies == ()
+    assert rec["fastest_to_target"].reasons == (
+        "no strategy reached test accuracy 0.95 (the highest final: single 0.9000); "
+        "none recommended for it",
+    )
+    assert rec["throughput"].strategies == ("ddp",)
+    assert a.choice() == ("throughput", "ddp")
+    text = answer.markdown(a)
+    assert "- **Fastest to test accuracy 0.95: none**" in text
+
+
+def test_no_target_set():
+    rec = by_objective(answer.recommend(rows_of([SINGLE, DDP], target=None), None))
+    assert rec["fastest_to_target"].strategies == ()
+    assert rec["fastest_to_target"].reasons == (
+        "no target set (report.target_accuracy): nothing to reach",
+    )
+
+
+def test_without_single_the_next_best_is_the_reference():
+    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 5.0, 0.86, {"gpu0": 50.0, "gpu1": 50.0})
+    a = answer.recommend(rows_of([DDP, fsdp]), TARGET)
+    rec = by_objective(a)
+    assert rec["throughput"].reasons[0] == (
+        "ddp: 1.25x fsdp's steady samples/s (1600 vs 1280 samples/s) (the next best)"
+    )
+    assert rec["throughput"].accuracy == ("ddp 0.8800 (no single run to compare with)",)
+    rows = rows_of([DDP, fsdp])
+    rows[1]["steady_samples_per_s"] = 0.0  # a broken figure: no ratio, no crash
+    assert by_objective(answer.recommend(rows, TARGET))["throughput"].reasons[0] == (
+        "ddp: 1600 vs fsdp's 0 (the next best)"
+    )
+    assert "not measured (single and dp did not run)" in a.notes_claim
+
+
+def test_no_strategy_with_a_figure_leaves_every_objective_empty():
+    rows = rows_of([SINGLE, DDP])
+    for row in rows:
+        row["steady_samples_per_s"] = None
+    rec = by_objective(answer.recommend(rows, TARGET))
+    assert rec["throughput"].strategies == ()
+    assert rec["throughput"].reasons == ("no strategy has this figure",)
+    # the registered model then comes from the first objective that has a pick
+    assert answer.recommend(rows, TARGET).choice() == ("fastest_to_target", "ddp")
+    with pytest.raises(ValueError):
+        answer.recommend([], TARGET)
+
+
+def test_the_noise_rule():
+    assert answer.seed_spread(None) is None
+    assert answer.seed_spread({"0": 0.9}) is None  # one seed: no spread
+    assert answer.seed_spread({"0": 0.90, "1": 0.93, "2": 0.91}) == pytest.approx(0.03)
+    assert answer.pair_noise(None, None) is None
+    assert answer.pair_noise(0.01, None) == 0.01
+    assert answer.pair_noise(0.01, 0.03) == 0.03
+    assert answer.accuracy_verdict(-0.02, 0.01) == "real"
+    assert answer.accuracy_verdict(-0.02, 0.03) == "within noise"
+    assert answer.accuracy_verdict(0.03, 0.03) == "within noise"  # not beyond the spread
+    assert answer.accuracy_verdict(-0.02, None) == "no noise estimate"
+    assert answer.accuracy_verdict(None, 0.01) == "no single run to compare with"
+
+
+def test_accuracy_is_called_real_or_noise_only_with_seeds():
+    rows = rows_of([SINGLE, DP, DDP])
+    without = answer.recommend(rows, TARGET)
+    assert by_objective(without)["throughput"].accuracy == (
+        "ddp 0.8800 vs single 0.9000 (-0.0200): no noise estimate",
+    )
+    assert without.noise.startswith("No noise estimate: each strategy ran with one seed")
+    assert "`dvc exp run --queue -S seed=1,2,3`, then `dvc queue start`" in without.noise
+    seeds = {"single": {"0": 0.90, "1": 0.87}, "ddp": {"0": 0.88, "1": 0.875, "2": 0.885}}
+    noisy = answer.recommend(rows, TARGET, seeds)
+    assert by_objective(noisy)["throughput"].accuracy == (
+        "ddp 0.8800 vs single 0.9000 (-0.0200): within noise (seed spread 0.0300)",
+    )
+    assert "single 0.0300 (2 seeds), ddp 0.0100 (3 seeds)" in noisy.noise
+    assert "No seeds yet for dp" in noisy.noise
+    tight = {"single": {"0": 0.90, "1": 0.895}, "ddp": {"0": 0.88, "1": 0.884}}
+    assert by_objective(answer.recommend(rows, TARGET, tight))["throughput"].accuracy == (
+        "ddp 0.8800 vs single 0.9000 (-0.0200): real (seed spread 0.0050)",
+    )
+
+
+def test_the_notes_claim_beside_what_was_measured():
+    a = answer.recommend(rows_of([SINGLE, DP, DDP]), TARGET)
+    assert a.notes_claim.startswith(
+        "The source notes: dp on 2 GPUs vs single on 1 GPU: 1.51x faster per epoch "
+        "(14 s -> 9.3 s), with lower accuracy (single: 0.92 test accuracy). Here: dp on 2 GPUs "
+        "(cuda:0, cuda:1) vs single on 1 GPU (cuda:0): 1.52x per steady epoch (10.00 s -> "
+        "6.60 s); test accuracy 0.9000 -> 0.8850 (-0.0150: no noise estimate)."
+    )
+    assert a.notes_measured["speedup"] == pytest.approx(10.0 / 6.6)
+    assert (a.notes_measured["dp_devices"], a.notes_measured["single_devices"]) == (2, 1)
+    cpu = [
+        run("single", ["cpu"], 3.0, 0.9, {"cpu0": 500.0}, kind="cpu"),
+        run("dp", ["cpu"], 3.3, 0.9, {"cpu0": 520.0}, kind="cpu"),
+        run("ddp", ["cpu", "cpu"], 2.0, 0.9, {"cpu0": 500.0, "cpu1": 480.0}, kind="cpu"),
+    ]
+    a = answer.recommend(rows_of(cpu), TARGET)
+    assert a.hardware == "the CPU (up to 2 processes)"
+    assert "Here: dp on 1 CPU device (cpu) vs single on 1 CPU device (cpu): 0.91x" in a.notes_claim
+    balance = by_objective(a)["memory_balance"]
+    assert balance.reasons[0].startswith("ddp: its busiest process peaks at 1.02x the mean")
+
+
+def registration(version: str | None) -> Registration:
+    return Registration(
+        "parallel-lab",
+        "ddp",
+        "highest throughput",
+        "abc123",
+        version=version,
+        why_not="" if version else "MLflow unreachable",
+    )
+
+
+def test_the_answer_as_markdown_html_and_json():
+    a = answer.recommend(rows_of([SINGLE, DP, DDP]), TARGET)
+    text = answer.markdown(a, registration("3"))
+    assert text.startswith("## Which strategy on this hardware: 2 GPUs (gpu0, gpu1)\n\n")
+    assert "- **Highest throughput: ddp**\n  - ddp: 2.50x single's steady samples/s" in text
+    assert (
+        "MLflow model: ddp's (highest throughput) registered as parallel-lab version 3 (run "
+        'abc123); load it with `mlflow.pytorch.load_model("models:/parallel-lab/3")`'
+    ) in text
+    assert "not registered (MLflow unreachable)" in answer.markdown(a, registration(None))
+    page = answer.html_section(a, registration("3"))
+    assert page.startswith('<section class="answer">')
+    assert "<b>Highest throughput:</b> <span class=pick>ddp</span>" in page
+    assert "single&#x27;s steady samples/s" in page  # escaped
+    assert "<code>mlflow.pytorch.load_model(&quot;models:/parallel-lab/3&quot;)</code>" in page
+    one = answer.html_section(answer.recommend(rows_of([SINGLE]), TARGET))
+    assert "<code>dvc exp run --queue -S seed=1,2,3</code>" in one
+    data = json.loads(json.dumps(answer.to_json(a, registration("3"))))
+    assert data["objectives"]["throughput"]["strategies"] == ["ddp"]
+    assert data["registered_model"]["uri"] == "models:/parallel-lab/3"
+    assert data["notes_claim"]["notes"]["single_epoch_s"] == 14.0
+    assert data["notes_claim"]["measured"]["dp_devices"] == 2
+    assert answer.to_json(a)["registered_model"] is None
+
+
+def test_the_pages_open_with_the_answer(tmp_path: Path):
+    rows = rows_of([SINGLE, DP, DDP])
+    a = answer.recommend(rows, TARGET)
+    md = markdown_page(rows, TARGET, None, a, registration("3"))
+    first, second, *_ = md.split("\n\n")
+    assert first == "# parallel-lab: which strategy for this hardware"
+    assert second.startswith("## Which strategy on this hardware")
+    assert md.index("Highest throughput") < md.index("## The comparison") < md.index("| ddp |")
+    for name in PLOTS:
+        (tmp_path / name).write_bytes(b"png")
+    page = html_page(rows, TARGET, None, tmp_path, a, registration("3"))
+    body = page.split("<body>\n", 1)[1]
+    assert body.startswith("<h1>parallel-lab: which strategy for this hardware</h1>\n")
+    assert body.index('<section class="answer">') < body.index("<table>")

@@ -1,0 +1,33 @@
+"""When a run checkpoints (pipeline/training/checkpoint_policy.py): every N epochs, and always
+the last one, which publish and a rerun read the finished run from."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import CheckpointConfig
+from pipeline.context import DistContext
+from pipeline.training.checkpoint_policy import CheckpointPolicy
+from pipeline.training.identity import RunIdentity
+
+CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
+
+
+def policy(tmp_path, every: int, epochs: int) -> CheckpointPolicy:
+    identity = RunIdentity({}, "single", 1, {}, "d", {})
+    options = CheckpointConfig(every_epochs=every)
+    return CheckpointPolicy(options, epochs, tmp_path, identity, CPU, True, None)
+
+
+@pytest.mark.parametrize(
+    "every, epochs, due",
+    [
+        (1, 3, [1, 2, 3]),
+        (2, 5, [2, 4, 5]),
+        (0, 3, [3]),  # "only at the end (and on SIGTERM)": the end included
+        (5, 3, [3]),
+    ],
+)
+def test_the_last_epoch_is_always_checkpointed(tmp_path, every, epochs, due):
+    rule = policy(tmp_path, every, epochs)
+    assert [e for e in range(1, epochs + 1) if rule.due(e)] == due
