@@ -353,3 +353,29 @@ def parallelize(strategy: Any, model: Any, cfg: Any, ctx: Any) -> Any:
     return strategy.parallelize(
         model, getattr(cfg, strategy.FACTS.name), batch_plan(cfg, world), ctx, autocast
     )
+
+
+def run_summary(
+    name: str, devices: list[str], steady: float, acc: float, memory: dict[str, Any]
+) -> Any:
+    """A RunSummary of a 2-epoch run of 64-sample epochs: a 9 s warm-up, then `steady` s."""
+    from pipeline.results import RunSummary
+
+    return RunSummary(
+        strategy=name,
+        world_size=len(devices),
+        devices=devices,
+        batch_split=[64 // len(devices)] * len(devices),
+        epochs=2,
+        test_acc=acc,
+        best_test_acc=acc,
+        test_loss=1.0,
+        train_loss=1.0,
+        epoch_seconds=steady,
+        samples_per_s=6400 / steady,
+        total_seconds=9.0 + steady,
+        warmup_epoch_seconds=9.0,
+        steady_epoch_seconds=steady,
+        steady_samples_per_s=6400 / steady,
+        memory=memory,
+    )

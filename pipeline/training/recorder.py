@@ -29,6 +29,16 @@ from pipeline.training.build import Training
 from pipeline.training.final_model import model_source
 
 
+def writer_log(name: str, writer: bool) -> Callable[[str], None]:
+    """Lines in the stage's log, `train[<name>]: ...`, from the writer rank only."""
+
+    def say(text: str) -> None:
+        if writer:
+            print(f"train[{name}]: {text}", flush=True)
+
+    return say
+
+
 class RunRecorder:
     def __init__(
         self,
@@ -51,12 +61,8 @@ class RunRecorder:
         self.epochs, self.final_wait_s = cfg.train.epochs, cfg.mlflow.final_sync_wait_s
         self.config_yaml = to_yaml(cfg)
         self.writer = training.run.writer
+        self.say = writer_log(name, self.writer)
         self.tracker = self._open_tracker(cfg) if self.writer else NullTracker()
-
-    def say(self, text: str) -> None:
-        """A line in the stage's log, from the writer only."""
-        if self.writer:
-            print(f"train[{self.name}]: {text}", flush=True)
 
     def _open_tracker(self, cfg: Config) -> Tracker:
         """The MLflow run (a resumed run continues the same one), its system metrics started."""

@@ -39,7 +39,7 @@ from pipeline.training.loop import (
     train_epoch,
     wait_for_device,
 )
-from pipeline.training.recorder import RunRecorder
+from pipeline.training.recorder import RunRecorder, writer_log
 
 
 def job_plan(train: TrainConfig, facts: StrategyFacts, n_train: int, world_size: int) -> BatchPlan:
@@ -75,12 +75,7 @@ def run(
         training.run.writer,
         fault,
     )
-
-    def say(text: str) -> None:
-        if training.run.writer:
-            print(f"train[{name}]: {text}", flush=True)
-
-    progress = policy.resume(training, say)
+    progress = policy.resume(training, writer_log(name, training.run.writer))
     fresh = progress.position == Position(0, 0)
     recorder = RunRecorder(
         cfg, name, ctx, training, identity.key, progress.history, fresh, progress.notes

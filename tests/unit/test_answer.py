@@ -11,6 +11,7 @@ from pipeline.reporting.pages import html_page, markdown_page
 from pipeline.reporting.plots import PLOTS
 from pipeline.results import EpochRow, RunSummary
 from pipeline.tracking.comparison import Registration
+from support import run_summary
 
 TARGET = 0.85
 
@@ -27,24 +28,7 @@ def run(
     if imbalance is None and peaks:
         imbalance = max(peaks.values()) / (sum(peaks.values()) / len(peaks))
     memory = {"memory_kind": kind, "peak_memory_mib": peaks, "mem_imbalance": imbalance}
-    return RunSummary(
-        strategy=name,
-        world_size=len(devices),
-        devices=devices,
-        batch_split=[64 // len(devices)] * len(devices),
-        epochs=2,
-        test_acc=acc,
-        best_test_acc=acc,
-        test_loss=1.0,
-        train_loss=1.0,
-        epoch_seconds=steady,
-        samples_per_s=6400 / steady,
-        total_seconds=9.0 + steady,
-        warmup_epoch_seconds=9.0,
-        steady_epoch_seconds=steady,
-        steady_samples_per_s=6400 / steady,
-        memory=memory,
-    )
+    return run_summary(name, devices, steady, acc, memory)
 
 
 def history(accs: list[float], seconds: list[float]) -> list[EpochRow]:

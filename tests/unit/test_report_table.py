@@ -7,6 +7,7 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.config import ConfigError, load_config
 from pipeline.reporting import table
 from pipeline.results import EpochRow, RunSummary
+from support import run_summary
 
 
 def history(accs, seconds, warmup=(), samples=None) -> list[EpochRow]:
@@ -32,24 +33,7 @@ def metrics(name, devices, steady, acc, peaks) -> RunSummary:
         "eval_mem_imbalance": 1.0,
         "eval_gpu0_share": 0.5,
     }
-    return RunSummary(
-        strategy=name,
-        world_size=len(devices),
-        devices=devices,
-        batch_split=[64 // len(devices)] * len(devices),
-        epochs=2,
-        test_acc=acc,
-        best_test_acc=acc,
-        test_loss=1.0,
-        train_loss=1.0,
-        epoch_seconds=steady,
-        samples_per_s=6400 / steady,
-        total_seconds=9.0 + steady,
-        warmup_epoch_seconds=9.0,
-        steady_epoch_seconds=steady,
-        steady_samples_per_s=6400 / steady,
-        memory=memory,
-    )
+    return run_summary(name, devices, steady, acc, memory)
 
 
 def test_warmup_is_the_first_epoch_and_steady_the_median_of_the_rest():
