@@ -277,6 +277,10 @@ class MlflowConfig:
     """At the end of a stage, keep retrying an unreachable tracking server this long before
     leaving the rest to `python -m pipeline.publish` (a restarting server gets a grace
     period)."""
+    log_model: bool = True
+    """Log each strategy's final model as an MLflow model (mlflow.pytorch, with a signature
+    and an input example; the compare stage registers the recommended one). It costs a few
+    seconds a stage; false leaves model.pt as the run's only copy of the weights."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ class DistContext:
     gpus: tuple[str, ...]  # physical ids of the GPUs the run uses, in cuda:i order; () = CPU
     node: int = 0  # this node's index in a multi-node job (torchrun's GROUP_RANK)
     nodes: int = 1  # nodes in the job (torchrun's GROUP_WORLD_SIZE)
+    restart: int = 0  # torchrun's restarts of this job so far (TORCHELASTIC_RESTART_COUNT)
 
     @property
     def is_main(self) -> bool:
@@ -69,5 +70,6 @@ class DistContext:
             node=int(source.get("GROUP_RANK", 0)),
             nodes=int(source.get("GROUP_WORLD_SIZE", 1)),
             world_size=int(source.get("WORLD_SIZE", 1)),
+            restart=int(source.get("TORCHELASTIC_RESTART_COUNT", 0)),
             gpus=gpus,
         )

@@ -32,10 +32,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     from pipeline.tracking.publish import publish_strategy
     from pipeline.training.final_model import model_source
 
+    model_of = model_source if cfg.mlflow.log_model else None
+
     unreachable, refused = [], []
     for name in cfg.strategies:
         try:
-            print(f"publish: {publish_strategy(name, model_of=model_source)}", flush=True)
+            print(f"publish: {publish_strategy(name, model_of=model_of)}", flush=True)
         except UserError as err:  # this strategy's files disagree: the others still go
             refused.append(str(err))
             print(f"publish: {name}: {err}", file=sys.stderr, flush=True)

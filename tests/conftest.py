@@ -118,6 +118,7 @@ def every_strategy(tmp_path_factory, http_mirror) -> Path:
         http_mirror,
         strategies=list(NAMES),
         report={"target_accuracy": LEARNED, "system_metrics_interval_s": 0.5},
+        mlflow={"log_model": True},  # the report registers the recommended strategy's model
     )
     project = make_project(tmp_path_factory.mktemp("every") / "project", params)
     dvc(project, "repro", timeout=900, PARALLEL_LAB_IMAGE=IMAGE)

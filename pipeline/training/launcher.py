@@ -110,7 +110,7 @@ def launch(name: str, overrides: list[str]) -> int:
     if code != 0:
         # a stop someone asked for, or a failure (torchrun also stops the surviving workers
         # of a failed job with SIGTERM: that is not a stop to resume from)
-        settle_run(name, KILLED if stopped else FAILED)
+        settle_run(name, KILLED if stopped else FAILED, cfg.mlflow.log_model)
     if code != 0 and user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
@@ -121,12 +121,12 @@ def launch(name: str, overrides: list[str]) -> int:
     return code
 
 
-def settle_run(name: str, status: str) -> None:
+def settle_run(name: str, status: str, log_model: bool) -> None:
     """Record how the stage's MLflow run ended when its workers could not say it themselves
     (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
     and `python -m pipeline.publish` delivers it later."""
     try:
-        publish_strategy(name, ended=status, model_of=model_source)
+        publish_strategy(name, ended=status, model_of=model_source if log_model else None)
     except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
         print(
             f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",

@@ -59,6 +59,7 @@ class RunRecorder:
         self.name, self.ctx, self.training, self.key = name, ctx, training, key
         self.history = history
         self.epochs, self.final_wait_s = cfg.train.epochs, cfg.mlflow.final_sync_wait_s
+        self.log_model = cfg.mlflow.log_model
         self.config_yaml = to_yaml(cfg)
         self.writer = training.run.writer
         self.say = writer_log(name, self.writer)
@@ -141,7 +142,8 @@ class RunRecorder:
                 status=FINISHED,
                 wait_s=self.final_wait_s,
                 give_up=stopping,
-                model=model_source(out_dir),  # model.pt as an MLflow model, logged once
+                # model.pt as an MLflow model, logged once
+                model=model_source(out_dir) if self.log_model else None,
             )
         return summary
 

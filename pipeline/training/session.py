@@ -76,7 +76,9 @@ def run(
         fault,
     )
     progress = policy.resume(training, writer_log(name, training.run.writer))
-    fresh = progress.position == Position(0, 0)
+    # A new MLflow run where training starts from scratch, but not for torchrun restarting
+    # this job's workers (the stage's same attempt, whose run a failed rank may have ended)
+    fresh = progress.position == Position(0, 0) and ctx.restart == 0
     recorder = RunRecorder(
         cfg, name, ctx, training, identity.key, progress.history, fresh, progress.notes
     )

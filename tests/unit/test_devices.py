@@ -147,3 +147,11 @@ def test_a_run_is_tagged_with_the_gpus_it_uses_not_all_it_sees():
     assert ctx.physical_gpus(["cuda:0"]) == {0: "3"}
     assert ctx.physical_gpus(["cuda:0", "cuda:1", "cuda:1"]) == {0: "3", 1: "5"}
     assert ctx.physical_gpus(["cpu"]) == {}
+
+
+def test_the_context_knows_torchruns_restarts():
+    """A restarted job's workers are the same stage's attempt (one MLflow run, not a new one)."""
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "3"}
+    ctx = DistContext.from_env(env)
+    assert (ctx.rank, ctx.world_size, ctx.restart) == (1, 2, 3)
+    assert DistContext.from_env({}).restart == 0
