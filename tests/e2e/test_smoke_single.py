@@ -10,7 +10,8 @@ def test_single_trains_and_writes_results(fetched_project):
     run(project, "python", "-m", "pipeline.train", "single")
     metrics = json.loads((project / "results/single/metrics.json").read_text())
     assert metrics["strategy"] == "single" and metrics["epochs"] == 2
-    assert metrics["test_acc"] >= LEARNED, metrics["test_acc"]  # chance is 0.1
+    # measured 1.0 on AVX2 and AVX-512 kernels, bound 0.5 (support.LEARNED)
+    assert metrics["test_acc"] >= LEARNED, metrics["test_acc"]
 
 
 def test_e2e_modules_stay_on_one_xdist_worker(request):
