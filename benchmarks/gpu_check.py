@@ -1,0 +1,443 @@
+"""`make gpu-check`: prove the GPU path and measure it, unattended, in minutes.
+
+    python -m benchmarks.gpu_check                 # on a GPU: width 64, batch 256, 2 epochs
+    python -m benchmarks.gpu_check --device cpu    # the same checks at a tiny size (CI runs it)
+
+Every strategy trains through the real stages (`python -m pipeline.fetch`, then `python -m
+pipeline.train NAME`, each in its own processes under torchrun) in a throw-away copy of the
+project with its own MLflow store, on one device with the same settings: ddp and fsdp as one
+process, dp and balanced_dp with one replica, pipeline_parallel as 2 stages on the one device.
+So a strategy's steady epoch over single's is what its wrapping costs. `channels_last` is off
+for all of them (fsdp and pipeline stages cannot take it); on a GPU, `single` also runs at
+params.yaml's defaults, the speed a user gets without flags.
+
+The data is the real Fashion-MNIST where data/fashion-mnist/raw holds it (the fetch stage's
+output), else synthetic Fashion-MNIST-shaped IDX files whose class shows as a bright band (the
+device loader keeps either in GPU memory; time per step does not depend on pixel values).
+
+Checks, each PASS or FAIL in the output and the JSON:
+  replicas_bf16     the project's DataParallel wrappers (dp's and balanced_dp's) compute their
+                    convolutions in the autocast dtype in every replica; on a GPU with 2
+                    replicas on the one GPU where torch allows it (the output says if not)
+  precision_auto    `precision: auto` resolved as `auto_choice` says for this device, and each
+                    run's identity records the hardware: devices, kind, count, precision, the
+                    torch and CUDA versions of the torch that ran
+  memory_peaks      each run's metrics.json has training and evaluation peaks per device
+  accuracy_is_model each strategy's reported test_acc is that of its model.pt, evaluated here
+                    by a loop of this script's own
+  mlflow_runs       one FINISHED MLflow run per strategy in the temporary store, holding its
+                    test_acc
+Measures: each run's steady epoch (its epoch 2; epoch 1 pays start-up and compilation), the
+ratio to single, and MFU (FLOPs trained per second over the device's peak: the datasheet's
+for known GPUs, a measured matmul peak otherwise). Writes benchmarks/results/
+gpu-check-<machine>-<date>.json (or --out) and prints a table. Exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from benchmarks.bench import flops_per_image, machine, peak
+from benchmarks.e2e import project_copy
+from pipeline.data.device_data import normalize
+from pipeline.data.fashion_mnist import DATA_DIR, FILES, TENSORS
+from pipeline.data.idx import write_idx_gz
+from pipeline.strategies import NAMES
+from pipeline.strategies.balanced_dp import BalancedDataParallel
+from pipeline.strategies.replica_autocast import AutocastDataParallel
+from pipeline.training.final_model import plain_model
+from pipeline.training.model import build_model
+from pipeline.training.precision import auto_choice, gpu_capability
+
+REPO = Path(__file__).resolve().parents[1]
+HARDWARE_FIELDS = ("devices", "kind", "count", "precision", "torch", "cuda")
+# what the identity keeps of a strategy that computes the same at any world size (ddp and
+# fsdp with SyncBN): its checkpoints resume on more or fewer devices of the same kind
+ANY_WORLD_SIZE_FIELDS = ("kind", "precision", "torch", "cuda")
+
+
+@dataclass(frozen=True)
+class Size:
+    width: int
+    batch: int
+    epochs: int
+    train: int  # training images (synthetic data), or a limit on the real ones
+    test: int
+    eval_batch: int
+
+
+SIZES = {
+    "cuda": Size(width=64, batch=256, epochs=2, train=60_000, test=10_000, eval_batch=1024),
+    # seconds per stage on 2 CPU cores; 2 epochs of 16 steps still learn the synthetic bands
+    "cpu": Size(width=8, batch=32, epochs=2, train=512, test=128, eval_batch=64),
+}
+
+
+def one_device(name: str, device: str) -> list[str]:
+    """Overrides that put strategy `name` on the one device with one process or replica."""
+    per = {
+        "ddp": ["ddp.nproc=1"],
+        "fsdp": ["fsdp.nproc=1"],
+        "pipeline_parallel": ["pipeline_parallel.stages=2", "pipeline_parallel.nproc=1"],
+    }
+    return ["devices=0" if device == "cuda" else "devices=cpu", *per.get(name, [])]
+
+
+def synthetic_mirror(directory: Path, size: Size) -> Path:
+    """Fashion-MNIST-shaped IDX files whose class is a bright band in noise (learnable)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", size.train, 1), ("test", size.test, 2)):
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, 10, size=n).astype(np.uint8)
+        images = rng.integers(0, 120, size=(n, 28, 28)).astype(np.uint8)
+        rows = 2 + 2 * labels[:, None] + np.arange(2)  # two rows per class
+        images[np.arange(n)[:, None], rows, 4:24] = 230
+        images_name, labels_name = FILES[split]
+        write_idx_gz(directory / images_name, images)
+        write_idx_gz(directory / labels_name, labels)
+    return directory
+
+
+def real_mirror() -> Path | None:
+    raw = REPO / DATA_DIR / "raw"
+    names = [name for pair in FILES.values() for name in pair]
+    return raw if all((raw / name).exists() for name in names) else None
+
+
+def replica_dtypes(device: torch.device, wrapper: str, ids: list[int]) -> tuple[int, list[str]]:
+    """One training step of dp's (or balanced_dp's) wrapper over replicas on `ids`, under bf16
+    autocast: (threads that ran convolutions, the dtypes their outputs came in)."""
+    seen: list[tuple[int, str]] = []
+
+    def record(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        seen.append((threading.get_ident(), str(output.dtype)))
+
+    model = build_model(8, 0).to(device)
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            module.register_forward_hook(record)  # replicas share their module's hooks
+    wrapped = (
+        AutocastDataParallel(model, device_ids=ids)
+        if wrapper == "dp"
+        else BalancedDataParallel(model, 3 if len(ids) > 1 else None, device_ids=ids)
+    )
+    x = torch.randn(8, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (8,), device=device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        loss = nn.functional.cross_entropy(wrapped(x), y)
+    loss.backward()
+    return len({thread for thread, _ in seen}), sorted({dtype for _, dtype in seen})
+
+
+def check_replicas(device: torch.device) -> dict[str, Any]:
+    """replicas_bf16: 2 replicas on the one GPU where torch allows it, else 1; on the CPU
+    DataParallel calls the module itself (no replicas), which is what a CPU run does."""
+    details = []
+    ok = True
+    for wrapper in ("dp", "balanced_dp"):
+        attempts = [[0, 0], [0]] if device.type == "cuda" else [[]]
+        for ids in attempts:
+            try:
+                threads, dtypes = replica_dtypes(device, wrapper, ids)
+            except Exception as err:  # noqa: BLE001 - torch's refusal is the finding
+                first = (str(err).splitlines() or [""])[0]
+                details.append(f"{wrapper}: torch refuses {len(ids)} replicas on one GPU ({first})")
+                continue
+            ok &= dtypes == ["torch.bfloat16"]
+            details.append(
+                f"{wrapper}: {max(len(ids), 1)} replica(s), {threads} thread(s), "
+                f"conv outputs {', '.join(dtypes)}"
+            )
+            break
+        else:
+            ok = False
+    return check("replicas_bf16", ok, "; ".join(details))
+
+
+def check_runs(rows: dict[str, dict], expected: str, device: torch.device) -> list[dict]:
+    """precision_auto, memory_peaks and accuracy_is_model over every run."""
+    precision, memory, accuracy = [], [], []
+    for row, found in rows.items():
+        hardware, metrics = found["hardware"], found["metrics"]
+        fields = HARDWARE_FIELDS if found["world_size"] else ANY_WORLD_SIZE_FIELDS
+        missing = [f for f in fields if f not in hardware]
+        kind_ok = device.type != "cuda" or any(
+            torch.cuda.get_device_name(device) in k for k in hardware.get("kind", [])
+        )
+        good = (
+            not missing
+            and hardware.get("precision") == expected
+            and hardware.get("torch") == torch.__version__
+            and hardware.get("cuda") == torch.version.cuda
+            and kind_ok
+        )
+        precision.append(
+            (
+                row,
+                good,
+                f"{row}: {hardware.get('precision')} on {hardware.get('kind')}"
+                + (f" (missing {', '.join(missing)})" if missing else ""),
+            )
+        )
+        train_peaks, eval_peaks = (
+            metrics.get("peak_memory_mib"),
+            metrics.get("eval_peak_memory_mib"),
+        )
+        good = (
+            bool(train_peaks)
+            and bool(eval_peaks)
+            and all(v > 0 for v in [*train_peaks.values(), *eval_peaks.values()])
+        )
+        memory.append((row, good, f"{row}: train {train_peaks} eval {eval_peaks} MiB"))
+        # fp32 evaluates identically; under bf16/fp16 autocast another batch size or kernel
+        # can flip a near-tie, so a few test images in 10000 may differ
+        bound = 1e-6 if expected == "fp32" else 2e-3
+        diff = abs(metrics["test_acc"] - found["independent_test_acc"])
+        accuracy.append(
+            (
+                row,
+                diff <= bound,
+                f"{row}: reported {metrics['test_acc']:.4f}, model.pt "
+                f"{found['independent_test_acc']:.4f} (|diff| {diff:.1e} <= {bound:.0e})",
+            )
+        )
+    return [
+        check(
+            name,
+            all(good for _, good, _ in results),
+            (f"expected {expected}; " if name == "precision_auto" else "")
+            + "; ".join(text for _, _, text in results),
+        )
+        for name, results in (
+            ("precision_auto", precision),
+            ("memory_peaks", memory),
+            ("accuracy_is_model", accuracy),
+        )
+    ]
+
+
+def check_mlflow(uri: str, rows: dict[str, dict]) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("gpu-check")
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    problems = []
+    for row, found in rows.items():
+        run = client.get_run(found["run"]["run_id"])
+        acc = run.data.metrics.get("test_acc")
+        if (
+            run.info.status != "FINISHED"
+            or acc is None
+            or abs(acc - found["metrics"]["test_acc"]) > 1e-9
+        ):
+            problems.append(f"{row}: {run.info.status}, test_acc {acc}")
+    ok = not problems and len(runs) == len(rows)
+    return check(
+        "mlflow_runs",
+        ok,
+        f"{len(runs)} runs for {len(rows)} stages"
+        + (f"; {'; '.join(problems)}" if problems else ""),
+    )
+
+
+def measure(rows: dict[str, dict], size: Size, device: torch.device) -> dict[str, dict]:
+    """Steady epoch, its ratio to single's (equal settings), throughput and MFU per run."""
+    flops = flops_per_image(size.width)
+    cache: dict = {}
+    single = rows.get("single", {}).get("metrics", {}).get("steady_epoch_seconds")
+    table = {}
+    for row, found in rows.items():
+        m = found["metrics"]
+        peak_flops, source = peak(device, found["hardware"]["precision"], cache)
+        table[row] = {
+            "steady_epoch_s": m["steady_epoch_seconds"],
+            "first_epoch_s": m["warmup_epoch_seconds"],
+            "x_single": m["steady_epoch_seconds"] / single if single else None,
+            "samples_per_s": m["steady_samples_per_s"],
+            "mfu": flops * m["steady_samples_per_s"] / peak_flops,
+            "peak_source": source,
+            "precision": found["hardware"]["precision"],
+            "test_acc": m["test_acc"],
+            "train_peak_mib": m["peak_memory_mib"],
+            "eval_peak_mib": m["eval_peak_memory_mib"],
+            "stage_seconds": found["stage_seconds"],
+            "identity_hardware": found["hardware"],
+        }
+    return table
+
+
+def render(result: dict) -> str:
+    lines = [
+        f"{result['machine']} | torch {result['info']['torch']} | {result['data']} | "
+        f"{result['settings']['size']}",
+        "| run | steady epoch s | x single | samples/s | MFU | test_acc | train peak MiB | "
+        "eval peak MiB | stage s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row, r in result["rows"].items():
+        ratio = "" if r["x_single"] is None else f"{r['x_single']:.2f}"
+        lines.append(
+            f"| {row} | {r['steady_epoch_s']:.3f} | {ratio} | {r['samples_per_s']:.0f} | "
+            f"{100 * r['mfu']:.2f}% | {r['test_acc']:.4f} | "
+            f"{max(r['train_peak_mib'].values()):.0f} | {max(r['eval_peak_mib'].values()):.0f} | "
+            f"{r['stage_seconds']:.1f} |"
+        )
+    passed = sum(c["ok"] for c in result["checks"])
+    lines.append(f"checks: {passed}/{len(result['checks'])} passed")
+    return "\n".join(lines)
+
+
+def independent_accuracy(project: Path, name: str, device: torch.device, precision: str) -> float:
+    """The test accuracy of results/NAME/model.pt by this script's own evaluation loop, in the
+    arithmetic the run evaluated in (its resolved precision, under autocast on a GPU)."""
+    out = project / "results" / name
+    model = plain_model(out).to(device)
+    tensors = torch.load(project / DATA_DIR / TENSORS, weights_only=True)
+    n = yaml.safe_load((out / "config.yaml").read_text())["data"]["limit_test"]
+    images, labels = tensors["test_images"][:n], tensors["test_labels"][:n]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    correct = 0
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        for x, y in zip(images.split(1024), labels.split(1024)):
+            predicted = model(normalize(x.to(device))).argmax(1).cpu()
+            correct += int((predicted == y.long()).sum())
+    return correct / len(labels)
+
+
+def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    print(f"gpu-check: {'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    return {"check": name, "ok": ok, "detail": detail}
+
+
+def pinned_torch() -> str:
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    return next(line.split("==")[1] for line in lock if line.startswith("torch=="))
+
+
+def train(project: Path, env: dict, strategy: str, overrides: list[str]) -> float:
+    start = time.perf_counter()
+    cmd = [sys.executable, "-m", "pipeline.train", strategy, *overrides]
+    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"train {strategy} exited {proc.returncode}: {proc.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def gather(project: Path, strategy: str) -> dict[str, Any]:
+    """What one finished stage left on disk: its metrics, identity and MLflow run id."""
+    metrics = json.loads((project / "results" / strategy / "metrics.json").read_text())
+    latest = json.loads((project / "checkpoints" / strategy / "latest.json").read_text())
+    record = json.loads((project / "checkpoints" / strategy / "run.json").read_text())
+    identity = latest["identity"]
+    return {
+        "metrics": metrics,
+        "hardware": identity["hardware"],
+        "world_size": identity["world_size"],
+        "run": record,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--strategies", nargs="*", default=list(NAMES), choices=NAMES)
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--synthetic", action="store_true", help="even where real data is here")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            f"gpu-check: --device cuda, but torch {torch.__version__} sees no GPU; expected "
+            "a CUDA GPU (or DEVICE=cpu for the tiny CPU run)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    size = SIZES[args.device]
+    label, info = machine(device)
+    info.update(torch_pinned=pinned_torch(), cuda=torch.version.cuda)
+    info["torch_is_pinned"] = torch.__version__.split("+")[0] == info["torch_pinned"]
+    print(f"gpu-check: {label}, torch {torch.__version__} (pinned {info['torch_pinned']})")
+    expected, _ = auto_choice(device.type, gpu_capability(device))
+    common = [
+        f"model.width={size.width}",
+        f"train.batch_size={size.batch}",
+        f"train.epochs={size.epochs}",
+        f"train.eval_batch_size={size.eval_batch}",
+        "train.channels_last=false",
+        "mlflow.experiment=gpu-check",
+    ]
+    runs = {name: (name, [*one_device(name, args.device), *common]) for name in args.strategies}
+    if args.device == "cuda" and "single" in args.strategies:
+        # last: it writes results/single again, after single's own run was checked
+        runs["single_defaults"] = ("single", ["devices=0", f"train.epochs={size.epochs}"])
+
+    checks = [check_replicas(device)]
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="parallel-lab-gpu-check-") as tmp:
+        mirror = None if args.synthetic else real_mirror()
+        data = "real Fashion-MNIST" if mirror else f"synthetic ({size.train}/{size.test} images)"
+        if mirror is None:
+            mirror = synthetic_mirror(Path(tmp) / "mirror", size)
+        else:
+            common += [f"data.limit_train={size.train}", f"data.limit_test={size.test}"]
+        project = project_copy(Path(tmp) / "project", mirror)
+        uri = f"sqlite:///{project / 'mlflow.db'}"
+        # the project copy first; then whatever the caller added (make gpu-check's WHEELS)
+        path = os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, "MLFLOW_TRACKING_URI": uri}
+        if args.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)
+        print(f"gpu-check: data: {data}", flush=True)
+        for row, (strategy, overrides) in runs.items():
+            seconds = train(project, env, strategy, overrides)
+            found = gather(project, strategy)
+            precision = found["hardware"]["precision"]
+            found["independent_test_acc"] = independent_accuracy(
+                project, strategy, device, precision
+            )
+            found["stage_seconds"] = seconds
+            rows[row] = found
+            print(f"gpu-check: {row}: {seconds:.1f} s", flush=True)
+        checks += check_runs(rows, expected, device)
+        checks.append(check_mlflow(uri, rows))
+    table = measure(rows, size, device)
+    result = {
+        "machine": label,
+        "info": info,
+        "date": date.today().isoformat(),
+        "device": args.device,
+        "data": data,
+        "settings": {"size": size.__dict__, "runs": {k: v[1] for k, v in runs.items()}},
+        "checks": checks,
+        "rows": table,
+    }
+    out = args.out or REPO / "benchmarks" / "results" / f"gpu-check-{label}-{result['date']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(render(result))
+    print(f"gpu-check: wrote {out}")
+    if not all(c["ok"] for c in checks):
+        sys.exit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
