@@ -7,7 +7,9 @@
 # The base must carry exactly the torch/torchvision that requirements.lock pins: the build
 # checks it and fails otherwise. It follows PyTorch's tag scheme
 # <torch>-cuda<major.minor>-cudnn<N>-runtime; torch 2.14.1 from PyPI is built for CUDA 13.0
-# (nvidia-cuda-runtime 13.0.* in the lock) and cuDNN 9.
+# (nvidia-cuda-runtime 13.0.* in the lock) and cuDNN 9, which needs NVIDIA driver 580 or
+# newer. For drivers 525 to 579, TORCH_CUDA=cu126 (below) swaps in the same versions built
+# for CUDA 12.6.
 ARG BASE_IMAGE=pytorch/pytorch:2.14.1-cuda13.0-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
@@ -40,10 +42,27 @@ sys.exit(0 if os.path.exists(h) else f'BASE_IMAGE: {h} is missing; torch.compile
 # stack (triton, nvidia-*, cuda-*), so the image never downloads or replaces a second torch.
 # nvidia-ml-py is the project's own GPU-monitoring dependency, not part of that stack.
 # --no-deps: the lock is complete, and it keeps pip from "upgrading" torch behind our back.
+# TORCH_CUDA (compose: PIPELINE_TORCH_CUDA; README "Older drivers") picks the torch build:
+# cu130 keeps the base's; cu126 replaces the base's pip-installed torch stack (torchaudio
+# too, built against the old torch) with the lock's torch and torchvision from PyTorch's
+# CUDA 12.6 index, torch 2.14's only CUDA 12 build, whose metadata pins the nvidia-*-cu12
+# and triton wheels it pulls. NVIDIA's minor-version compatibility runs any CUDA 12 build on
+# driver 525+. The base's CUDA 13 files stay in its layers, so that image is larger.
+ARG TORCH_CUDA=cu130
 COPY requirements.lock /tmp/requirements.lock
-RUN { grep -v -E '^(torch|torchvision|triton|cuda-[a-z-]+|nvidia-[a-z0-9-]+)==' /tmp/requirements.lock; \
+RUN case "${TORCH_CUDA}" in cu130|cu126) ;; *) echo "TORCH_CUDA (compose: PIPELINE_TORCH_CUDA): \
+got '${TORCH_CUDA}', expected cu130 (the base's torch; the default base's needs NVIDIA driver 580 \
+or newer) or cu126 (torch for CUDA 12.6, driver 525 or newer)" >&2; exit 2 ;; esac \
+    && { grep -v -E '^(torch|torchvision|triton|cuda-[a-z-]+|nvidia-[a-z0-9-]+)==' /tmp/requirements.lock; \
       grep -E '^nvidia-ml-py==' /tmp/requirements.lock; } > /tmp/requirements.txt \
     && python -m pip install --no-deps -r /tmp/requirements.txt \
+    && if [ "${TORCH_CUDA}" = cu126 ]; then \
+         python -m pip list --format=freeze \
+         | grep -E '^(torch|torchvision|torchaudio|triton|cuda-[a-z-]+|nvidia-[a-z0-9-]+)==' \
+         | grep -v '^nvidia-ml-py==' | cut -d= -f1 | xargs -r python -m pip uninstall -y \
+         && sed -n -E 's/^(torch|torchvision)==(.+)$/\1==\2+cu126/p' /tmp/requirements.lock \
+         | xargs python -m pip install --index-url https://download.pytorch.org/whl/cu126; \
+       fi \
     && python -c "import importlib.metadata as m, re, sys; \
 pins = dict(re.findall(r'^(torch|torchvision)==(\S+)$', open('/tmp/requirements.lock').read(), re.M)); \
 have = {n: m.version(n).split('+')[0] for n in pins}; \

@@ -69,17 +69,21 @@ def resolve_devices(spec: DeviceSpec, visible: list[str]) -> list[str]:
     return [visible[i] for i in spec.indices]
 
 
-# The oldest Linux driver each CUDA release runs on (NVIDIA's CUDA toolkit release notes,
-# table 3): a build of torch for CUDA X needs at least this driver.
-MIN_DRIVER = {
-    "13.0": (580, 65),
-    "12.9": (575, 51),
-    "12.8": (570, 26),
-    "12.6": (560, 28),
-    "12.4": (550, 54),
-    "12.1": (530, 30),
-    "11.8": (520, 61),
-}
+# The oldest Linux driver a torch built for CUDA <major>.x runs on. NVIDIA's minor-version
+# compatibility (CUDA 11 onwards) runs a build from any toolkit of a major release on that
+# major's first driver, not only on the newer one its toolkit ships with: torch for CUDA 12.6
+# runs on 525, not just on 12.6's own 560 (NVIDIA's CUDA Compatibility guide, "Minor Version
+# Compatibility"). It does not cover PTX the driver must compile itself: that fails on a
+# driver older than the toolkit ("the provided PTX was compiled with an unsupported
+# toolchain"), which the toolkit's own driver (560 for 12.6) avoids.
+MIN_DRIVER = {"13": 580, "12": 525, "11": 450}
+# The way to a torch for an older driver, as the error says it (README "Older drivers"):
+# torch 2.14's only CUDA 12 build is 12.6.
+CUDA12_ROUTE = (
+    "on driver 525 to 579, torch for CUDA 12.6: PIPELINE_TORCH_CUDA=cu126 in .env (the "
+    "image's build arg TORCH_CUDA) then docker compose build, or on the host make install "
+    "TORCH_CUDA=cu126 (README 'Older drivers')"
+)
 NO_GPUS = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that ask for no GPU
 
 
@@ -120,22 +124,17 @@ def unusable_gpus(
     if torch_cuda is None:
         why = "this torch is a CPU-only build"
     else:
-        need = MIN_DRIVER.get(".".join(torch_cuda.split(".")[:2]))
-        needs = f", which needs driver >= {need[0]}.{need[1]}" if need else ""
+        need = MIN_DRIVER.get(torch_cuda.split(".")[0])
+        needs = f", which needs driver >= {need}" if need else ""
         why = f"this torch is built for CUDA {torch_cuda}{needs}"
-        if host.driver and need and _version(host.driver) < need:
+        major = host.driver.split(".")[0] if host.driver else ""
+        if need and major.isdigit() and int(major) < need:
             why += f"; driver {host.driver} is older"
     return (
         f"devices: auto found NVIDIA GPUs ({'; '.join(found)}) but torch sees none: "
-        f"{why}; expected GPUs this torch can use: update the driver, or build the image "
-        f"on a base for your driver (Dockerfile BASE_IMAGE, README 'Older drivers'), or "
-        f"set devices=cpu to train on the CPU on purpose"
+        f"{why}; expected GPUs this torch can use: driver >= 580 for the default torch "
+        f"(CUDA 13.0), or {CUDA12_ROUTE}; or set devices=cpu to train on the CPU on purpose"
     )
-
-
-def _version(text: str) -> tuple[int, int]:
-    parts = [int(p) for p in text.split(".")[:2] if p.isdigit()]
-    return (parts + [0, 0])[0], (parts + [0, 0])[1]
 
 
 def nvidia_host(env: Mapping[str, str]) -> NvidiaHost:

@@ -85,9 +85,9 @@ OLD_DRIVER = NvidiaHost(("/dev/nvidia0",), True, "535.104.05", "all")
             0,
             [
                 "driver 535.104.05",
-                "CUDA 13.0, which needs driver >= 580.65",
+                "CUDA 13.0, which needs driver >= 580",
                 "535.104.05 is older",
-                "BASE_IMAGE",
+                "PIPELINE_TORCH_CUDA=cu126",
                 "devices=cpu",
             ],
         ),
@@ -110,7 +110,7 @@ OLD_DRIVER = NvidiaHost(("/dev/nvidia0",), True, "535.104.05", "all")
             "13.0",
             None,
             0,
-            ["driver 590.10", "needs driver >= 580.65"],
+            ["driver 590.10", "needs driver >= 580"],
         ),  # new enough, yet unusable: still said
     ],
 )
@@ -118,6 +118,40 @@ def test_gpus_torch_cannot_use_are_an_error(host, torch_cuda, cuda_visible, seen
     problem = unusable_gpus(host, torch_cuda, cuda_visible, seen)
     assert problem is not None and "\n" not in problem
     assert all(w in problem for w in words), problem
+
+
+ROUTE_TO_CUDA_12 = (
+    "on driver 525 to 579, torch for CUDA 12.6: PIPELINE_TORCH_CUDA=cu126 in .env (the "
+    "image's build arg TORCH_CUDA) then docker compose build, or on the host make install "
+    "TORCH_CUDA=cu126"
+)
+
+
+@pytest.mark.parametrize("driver", ["550.54.15", "570.86.10"])
+def test_a_driver_older_than_580_is_sent_to_the_cuda_12_build(driver):
+    """torch for CUDA 13.0 needs 580 (NVIDIA's minor-version compatibility: any 13.x build
+    runs on 580+); 550 and 570 can run torch for CUDA 12.6, and the error says how."""
+    host = NvidiaHost(("/dev/nvidia0",), True, driver, None)
+    problem = unusable_gpus(host, "13.0", None, 0)
+    assert problem is not None and "\n" not in problem
+    assert f"CUDA 13.0, which needs driver >= 580; driver {driver} is older;" in problem
+    assert ROUTE_TO_CUDA_12 in problem, problem
+
+
+def test_driver_580_is_not_older_than_cuda_13():
+    host = NvidiaHost(("/dev/nvidia0",), True, "580.65.06", None)
+    problem = unusable_gpus(host, "13.0", None, 0)
+    assert problem is not None
+    assert "CUDA 13.0, which needs driver >= 580;" in problem and "is older" not in problem
+
+
+@pytest.mark.parametrize("driver", ["550.54.15", "570.86.10"])
+def test_drivers_from_525_are_new_enough_for_cuda_12(driver):
+    """Any 12.x build runs on 525+, 12.6 included, though 12.6 itself shipped with 560."""
+    host = NvidiaHost(("/dev/nvidia0",), True, driver, None)
+    problem = unusable_gpus(host, "12.6", None, 0)
+    assert problem is not None
+    assert "CUDA 12.6, which needs driver >= 525;" in problem and "is older" not in problem
 
 
 @pytest.mark.parametrize(
