@@ -42,6 +42,8 @@ import subprocess
 import sys
 
 WORKSPACE = "/workspace"
+# compose mounts the default DVC remote (.dvc/config) here, beside /workspace
+DVC_REMOTE = "/parallel-lab-dvc-remote"
 PR_SET_CHILD_SUBREAPER = 36
 SHELLS = {"sh", "dash", "bash"}
 FORWARDED = (
@@ -54,6 +56,18 @@ FORWARDED = (
 )
 
 
+def give_new_remote_to(uid: int, gid: int) -> None:
+    """Docker creates a bind mount's missing host directory as root: the remote's, made so on
+    the first `up`, is then empty and root's, and the repository's owner could push to it
+    neither here nor on the host. Such a one becomes theirs; any other is left as it is."""
+    try:
+        info = os.stat(DVC_REMOTE)
+    except FileNotFoundError:
+        return  # not mounted (docker run without compose)
+    if info.st_uid == 0 and not os.listdir(DVC_REMOTE):
+        os.chown(DVC_REMOTE, uid, gid)
+
+
 def drop_to_workspace_owner() -> None:
     if os.getuid() != 0 or not os.path.isdir(WORKSPACE):
         return
@@ -61,6 +75,7 @@ def drop_to_workspace_owner() -> None:
     uid, gid = info.st_uid, info.st_gid
     if uid == 0:
         return
+    give_new_remote_to(uid, gid)
     try:
         account = pwd.getpwuid(uid)
     except KeyError:

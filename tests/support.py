@@ -35,6 +35,7 @@ PROJECT_FILES = [
     "dvc.yaml",
     "params.yaml",
     ".dvc/config",
+    ".dvc/.gitignore",  # as in a clone: .dvc/cache and .dvc/tmp stay out of a commit
     ".dvcignore",
     ".gitignore",
     "pyproject.toml",
