@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help install quick run test test-fast lint ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint gpu-check ui lock docker-setup clean
 .DEFAULT_GOAL := help
 
 help:  ## this list
@@ -12,7 +12,7 @@ help:  ## this list
 		awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
 	@echo "  make quick ARGS=\"devices=cpu train.epochs=1\"   passes key=value overrides"
 
-install: $(VENV)/.installed  ## the pinned environment in .venv (about 6 GB, a minute or two)
+install: $(VENV)/.installed  ## the pinned environment in .venv (about 6 GB, a minute or two; TORCH_CUDA=cu126 for NVIDIA drivers 525-579)
 
 # What the install needs, each missing piece said in one line before anything is written.
 PREREQS := python3 -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v >= (3, 11) else \
@@ -23,20 +23,48 @@ PREREQS := python3 -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v >= 
 	{ echo "error: $$free GiB free in $(CURDIR); the pinned environment needs about 8 GiB" >&2; \
 	exit 2; }; }
 
-# The lock pins every package; reinstall only when it (or the project metadata) changes.
-$(VENV)/.installed: requirements.lock pyproject.toml
+# Which build of the lock's torch and torchvision .venv gets (README "Older drivers"): cu130,
+# the lock as it is (PyPI's torch, built for CUDA 13.0: NVIDIA driver 580 or newer), or cu126,
+# the same versions from PyTorch's CUDA 12.6 index (driver 525 or newer), whose own metadata
+# pins the CUDA 12 wheels it pulls. The stamp records the build, so later targets keep it;
+# naming the other one starts .venv afresh, as pip takes 2.14.1+cu126 for torch==2.14.1 and
+# would keep the old build.
+TORCH_CUDAS := cu130 cu126
+INSTALLED_CUDA := $(if $(wildcard $(VENV)/.installed),$(or $(shell cat $(VENV)/.installed),cu130))
+TORCH_CUDA ?= $(or $(INSTALLED_CUDA),cu130)
+SWITCH_CUDA := $(filter-out $(TORCH_CUDA),$(INSTALLED_CUDA))
+TORCH_CUDA_OK := $(and $(filter 1,$(words $(TORCH_CUDA))),$(filter $(TORCH_CUDA),$(TORCH_CUDAS)))
+CHECK_TORCH_CUDA := $(if $(TORCH_CUDA_OK),true,echo "error: TORCH_CUDA=$(TORCH_CUDA): expected \
+	cu130 (the default: PyPI's torch for CUDA 13.0, NVIDIA driver 580 or newer) or cu126 \
+	(torch for CUDA 12.6, driver 525 or newer)" >&2; exit 2)
+TORCH_PINS := $(shell grep -E '^(torch|torchvision)==' requirements.lock)
+INSTALL_cu130 := $(PY) -m pip install --quiet -r requirements.lock
+INSTALL_cu126 := { grep -v -E '^(torch|torchvision|triton|cuda-[a-z-]+|nvidia-[a-z0-9-]+)==' \
+	requirements.lock; grep -E '^nvidia-ml-py==' requirements.lock; } > $(VENV)/lock-cu126.txt && \
+	$(PY) -m pip install --quiet -r $(VENV)/lock-cu126.txt && \
+	$(PY) -m pip install --quiet --index-url https://download.pytorch.org/whl/cu126 \
+	$(addsuffix +cu126,$(TORCH_PINS))
+
+# The lock pins every package; reinstall only when it (or the project metadata) changes, or
+# another TORCH_CUDA is named.
+$(VENV)/.installed: requirements.lock pyproject.toml $(if $(SWITCH_CUDA),FORCE)
+	@$(CHECK_TORCH_CUDA)
 	@$(PREREQS)
-	test -x $(PY) || python3 -m venv $(VENV)
+	$(if $(SWITCH_CUDA),python3 -m venv --clear $(VENV),test -x $(PY) || python3 -m venv $(VENV))
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock
+	$(INSTALL_$(TORCH_CUDA))
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	touch $@
+	echo $(TORCH_CUDA) > $@
+
+FORCE:
 
 quick: install  ## a first result in minutes on any machine (params.yaml's `quick`; ARGS=key=value ...)
 	$(PY) -m pipeline.quickstart $(ARGS)
 
-run: install  ## the full experiment: fetch -> train every strategy -> compare, then MLflow
-	dvc repro
+# With ARGS, the overrides go through `dvc exp run -S`: DVC's way to try values, recorded as
+# an experiment (`dvc exp show`), since `dvc repro` reads params.yaml alone.
+run: install  ## the full experiment: fetch -> train every strategy -> compare, then MLflow (ARGS=key=value ...)
+	$(if $(strip $(ARGS)),dvc exp run $(foreach a,$(ARGS),-S '$(a)'),dvc repro)
 	$(PY) -m pipeline.publish
 
 # Two workers: most of a test's time is single-threaded process start-up, so two cores run
@@ -54,6 +82,28 @@ lint: install  ## ruff (lint and format check) and mypy over the package and the
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+
+# gpu-check runs where GPU time is short and there may be no network: with the pinned
+# environment when it installs (one quick try), else with the machine's own python3 and torch
+# (the JSON records which), plus wheels carried in WHEELS for what that python lacks.
+# (through SUBMAKE: a recipe naming $(MAKE) itself would run even under `make -n`)
+SUBMAKE = $(MAKE) --no-print-directory
+DEVICE ?= cuda
+WHEELS ?=
+gpu-check:  ## prove and time every strategy on one GPU in minutes; JSON in benchmarks/results (DEVICE=cpu: tiny)
+	@if PIP_RETRIES=0 PIP_TIMEOUT=10 $(SUBMAKE) install >/dev/null 2>&1; then \
+		py=$(PY); \
+	else \
+		echo "gpu-check: the pinned environment does not install here (make install says why);" \
+			"using python3 and its own torch" >&2; \
+		py=python3; \
+		if [ -n "$(WHEELS)" ]; then \
+			python3 -m pip install -q --no-index --no-deps --upgrade --target .gpu-site \
+				$(WHEELS)/*.whl || exit 2; \
+			export PYTHONPATH=$(CURDIR)/.gpu-site; \
+		fi; \
+	fi; \
+	$$py -m benchmarks.gpu_check --device $(DEVICE)
 
 ui: install  ## MLflow UI on the embedded store: http://127.0.0.1:5000
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000

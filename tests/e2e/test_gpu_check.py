@@ -1,5 +1,5 @@
 """`make gpu-check DEVICE=cpu`: the GPU check's script at its tiny CPU size, so it cannot rot
-between the rare runs on a GPU. Every strategy trains through the real stages; every check
+between the rare runs on a GPU. Strategies train through the real stages; every check
 must pass and every figure the GPU run reports must be there."""
 
 import json

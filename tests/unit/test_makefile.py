@@ -1,9 +1,12 @@
 """The Makefile as a newcomer meets it: `make` alone lists the targets, `make quick` passes
-overrides, and a missing prerequisite is one line before anything is installed."""
+overrides, a missing prerequisite is one line before anything is installed, and `make install
+TORCH_CUDA=cu126` installs the lock's torch built for CUDA 12.6 (it cannot run here: no route
+to download.pytorch.org, so its command lines are what is checked)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +41,18 @@ def test_quick_passes_ARGS_to_the_quickstart():
     )
 
 
+def test_run_passes_ARGS_as_a_dvc_experiment_and_runs_dvc_repro_without():
+    proc = make("-n", "run", "ARGS=devices=cpu train.epochs=1", "VENV=.venv")
+    assert "dvc exp run -S 'devices=cpu' -S 'train.epochs=1'" in proc.stdout.splitlines()
+    assert "dvc repro" in make("-n", "run", "VENV=.venv").stdout.splitlines()
+
+
+def test_gpu_check_runs_the_script_on_the_DEVICE_asked_for():
+    for args, device in (((), "cuda"), (("DEVICE=cpu",), "cpu")):
+        proc = make("-n", "gpu-check", *args, "VENV=.venv")
+        assert f"-m benchmarks.gpu_check --device {device}" in proc.stdout, proc.stdout
+
+
 def test_an_old_python_is_refused_in_one_line_before_any_install(tmp_path):
     """A python3 that reports 3.10 (the real interpreter with its version_info replaced)."""
     bin_dir = tmp_path / "bin"
@@ -56,3 +71,68 @@ def test_an_old_python_is_refused_in_one_line_before_any_install(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
     assert errors == ["error: Python 3.11 or newer is needed; python3 is 3.10"], proc.stderr
     assert not Path(venv).exists()
+
+
+LOCK = (REPO / "requirements.lock").read_text()
+PINS = dict(re.findall(r"^(torch|torchvision)==(\S+)$", LOCK, re.M))
+CU126_INDEX = "https://download.pytorch.org/whl/cu126"
+
+
+def test_default_install_is_the_lock_as_it_is(tmp_path):
+    venv = tmp_path / "venv"
+    proc = make("-n", "install", f"VENV={venv}")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"{venv}/bin/python -m pip install --quiet -r requirements.lock" in lines
+    assert "download.pytorch.org" not in proc.stdout
+    assert lines[-1] == f"echo cu130 > {venv}/.installed"
+
+
+def test_install_TORCH_CUDA_cu126_takes_the_locked_torch_from_the_cuda_12_6_index(tmp_path):
+    """The lock minus the CUDA 13 torch stack from PyPI, then the lock's torch and
+    torchvision, built for CUDA 12.6, from PyTorch's index."""
+    venv = tmp_path / "venv"
+    proc = make("-n", "install", "TORCH_CUDA=cu126", f"VENV={venv}")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if "lock-cu126.txt" in x]
+    write_rest, install_rest, install_torch = line.split(" && ")
+    assert install_rest == f"{venv}/bin/python -m pip install --quiet -r {venv}/lock-cu126.txt"
+    assert install_torch == (
+        f"{venv}/bin/python -m pip install --quiet --index-url {CU126_INDEX} "
+        f"torch=={PINS['torch']}+cu126 torchvision=={PINS['torchvision']}+cu126"
+    )
+    assert "-r requirements.lock" not in proc.stdout
+    assert proc.stdout.splitlines()[-1] == f"echo cu126 > {venv}/.installed"
+
+    venv.mkdir()
+    subprocess.run(["bash", "-c", write_rest], cwd=REPO, check=True)
+    rest = (venv / "lock-cu126.txt").read_text().splitlines()
+    stack = re.compile(r"^(torch|torchvision|triton|cuda-[a-z-]+|nvidia-[a-z0-9-]+)==")
+    assert sorted(rest) == sorted(
+        line
+        for line in LOCK.splitlines()
+        if not stack.match(line) or line.startswith("nvidia-ml-py==")
+    )
+
+
+def test_the_installed_build_sticks_and_naming_the_other_starts_afresh(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").write_text("cu126\n")
+    proc = make("-n", "install", f"VENV={venv}")
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout, proc.stdout
+    proc = make("-n", "install", "TORCH_CUDA=cu130", f"VENV={venv}")
+    assert f"python3 -m venv --clear {venv}" in proc.stdout.splitlines()
+    assert f"{venv}/bin/python -m pip install --quiet -r requirements.lock" in proc.stdout
+
+
+def test_an_unknown_TORCH_CUDA_is_refused_in_one_line_before_any_install(tmp_path):
+    venv = tmp_path / "venv"
+    proc = make("install", "TORCH_CUDA=cu128", f"VENV={venv}")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
+    assert errors == [
+        "error: TORCH_CUDA=cu128: expected cu130 (the default: PyPI's torch for CUDA 13.0, "
+        "NVIDIA driver 580 or newer) or cu126 (torch for CUDA 12.6, driver 525 or newer)"
+    ], proc.stderr
+    assert not venv.exists()
