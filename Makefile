@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help install quick run test test-fast lint gpu-check ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint gpu-check docker-quick ui lock docker-setup clean
 .DEFAULT_GOAL := help
 
 help:  ## this list
@@ -66,6 +66,15 @@ quick: install  ## a first result in minutes on any machine (params.yaml's `quic
 run: install  ## the full experiment: fetch -> train every strategy -> compare, then MLflow (ARGS=key=value ...)
 	$(if $(strip $(ARGS)),dvc exp run $(foreach a,$(ARGS),-S '$(a)'),dvc repro)
 	$(PY) -m pipeline.publish
+
+# `make quick` with nothing installed but Docker: the CPU container, with PostgreSQL and the
+# MLflow server beside it (UI on http://127.0.0.1:5000). `run` starts them and returns with
+# the quickstart's exit code; they keep running for the UI (`docker compose down` stops them).
+COMPOSE ?= docker compose
+docker-quick:  ## make quick in the CPU container, MLflow server and all (Docker only; ARGS=key=value ...)
+	test -f .env || cp .env.example .env
+	$(COMPOSE) --profile cpu build pipeline-cpu mlflow
+	$(COMPOSE) --profile cpu run --rm pipeline-cpu python -m pipeline.quickstart $(ARGS)
 
 # Two workers: most of a test's time is single-threaded process start-up, so two cores run
 # two tests at once; each e2e module stays on one worker, the longest handed out first
