@@ -249,6 +249,43 @@ def test_a_lost_node_stops_the_job_cleanly_and_a_rerun_resumes(
     assert steps == list(range(1, epochs + 1))
 
 
+def test_an_elastic_job_that_loses_a_node_carries_on_with_fewer_processes(
+    two_node_project, two_node_run, tmp_path
+):
+    """dist.min_nnodes=1: node 0 restarts its worker, the rendezvous closes with the one node
+    left, and ddp (SyncBN: the same trajectory at any world size) resumes the epoch-1
+    checkpoint resharded over 1 process instead of starting over."""
+    project, _ = two_node_project
+    reset(project)
+    uri = f"sqlite:///{project / 'elastic.db'}"
+    node_lost = tmp_path / "node-1-lost"
+    hold = f"rank=0,epoch=2,action=hold,release={node_lost}"
+    elastic = ("checkpoint.max_restarts=2", "dist.min_nnodes=1", "dist.join_timeout_s=60")
+    with Nodes(project, 2, *elastic, uri=uri, PARALLEL_LAB_FAULT=hold) as nodes:
+        wait_for(
+            lambda: "fault: rank 0 holding" in nodes.log(0) + nodes.log(1),
+            NODE_TIMEOUT,
+            "global rank 0 holding before epoch 2",
+        )
+        assert nodes.kill(1) >= 3
+        node_lost.touch()
+        code = nodes.wait(0, timeout=NODE_TIMEOUT)
+    survivor = nodes.log(0)
+    assert code == 0, survivor[-6000:]
+    assert "resuming at epoch 2 step 0" in survivor and "resharded over 1" in survivor
+    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    assert metrics["world_size"] == 1
+    assert any(n.startswith("world size 2 -> 1 at epoch 2 step 0") for n in metrics["notes"])
+    # fp64: SyncBN over 2 processes of 16 samples or 1 of 32 is the same sum, rounded
+    # differently
+    assert max_diff(model_of(project), two_node_run.model) <= 1e-9
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")]
+    assert steps == list(range(1, TINY64["train"]["epochs"] + 1))
+
+
 @pytest.mark.parametrize(
     "args, env, words",
     [
