@@ -63,6 +63,7 @@ from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
 from pipeline.training.model import build_model
 from pipeline.training.precision import build_precision, configure_backends, cpu_has_native_bf16
 from pipeline.training.session import job_plan
+from pipeline.training.tuning import settle
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -180,7 +181,8 @@ class ProjectRow:
         torch.manual_seed(cfg.seed)
         module = strategies.get(strategy)
         plan = job_plan(cfg.train, module.FACTS, len(data.train_labels), ctx.world_size)
-        self.training = build_training(cfg, module, ctx, data, plan, raw_dir)
+        # a setting decided at the run's start (auto) is measured, as a fresh run does
+        self.training = settle(build_training(cfg, module, ctx, data, plan, raw_dir), {})
         self.prec, self.loader = self.training.prec, self.training.loader
         self.precision = self.prec.name
         self.effective = (

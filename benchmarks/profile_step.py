@@ -30,6 +30,7 @@ from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.training.build import build_training
 from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
 from pipeline.training.session import job_plan
+from pipeline.training.tuning import settle
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.manual_seed(cfg.seed)
             strategy = strategies.get(args.strategy)
             plan = job_plan(cfg.train, strategy.FACTS, len(data.train_labels), 1)
-            training = build_training(cfg, strategy, ctx, data, plan)
+            training = settle(build_training(cfg, strategy, ctx, data, plan), {})
             loader = training.loader
             totals = torch.zeros(3, device=device, dtype=torch.float64)
             stop = StopRequest()

@@ -7,7 +7,8 @@ notes (`BalancedDataParallel(gpu0_bsz // acc_grad, ...)`): with gradient accumul
 of the step's forwards gives GPU 0 gpu0_bsz / grad_accum samples (batch 16, gpu0_bsz 4,
 grad_accum 2, 3 GPUs: each forward 2+3+3), and the rest is spread over the other GPUs (the
 rule is batch_split.balanced_split). `gpu0_bsz: auto` picks the value by a short profiling
-pass before training (gpu0_autotune.py).
+pass before the run's first step (gpu0_autotune.py), once per run: a resume takes the value
+its checkpoint kept.
 
 This is a rewrite of the widely copied BalancedDataParallel without its bugs: there, one
 device divided by zero; the batch size was read from inputs[0], so keyword or non-tensor first
@@ -19,6 +20,7 @@ updated (DataParallel keeps buffer updates only from GPU 0's replica, which neve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -31,7 +33,7 @@ from pipeline.config import BalancedDpConfig
 from pipeline.context import DistContext
 from pipeline.errors import UserError
 from pipeline.strategies import gpu0_autotune
-from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts
+from pipeline.strategies.base import Autocast, DataParallelRun, LoopForward, StrategyFacts, Tuned
 from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
 from pipeline.strategies.dp import batchnorm_note, device_names, split_note
 from pipeline.strategies.replica_autocast import AutocastDataParallel, keep_autocast
@@ -77,26 +79,47 @@ def parallelize(
     ctx: DistContext,
     autocast: Autocast,
 ) -> DataParallelRun:
-    gpu0_bsz = gpu0_per_forward(options, plan)
-    n_gpus = len(ctx.gpus)
+    n_gpus, accum = len(ctx.gpus), plan.grad_accum
     device_ids = list(range(n_gpus))
-    micro = plan.micro
-    auto_notes: list[str] = []
-    chosen = {}
-    if options.gpu0_bsz == gpu0_autotune.AUTO:  # measured once, on a model copy
-        gpu0_bsz, auto_notes = gpu0_autotune.resolve_gpu0_bsz(
+    balanced = BalancedDataParallel(model, gpu0_per_forward(options, plan), device_ids=device_ids)
+    if options.gpu0_bsz != gpu0_autotune.AUTO:
+        return balanced_run(balanced, options, plan, ctx)
+
+    def measure(loop: LoopForward) -> tuple[Optional[int], list[str]]:
+        gpu0_bsz, notes = gpu0_autotune.resolve_gpu0_bsz(
             model,
-            micro,
+            plan.micro,
             n_gpus,
             ctx.on_cuda,
             wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
-            autocast=autocast,
-            accum=plan.grad_accum,
+            loop=loop,
+            accum=accum,
         )
-        per_step = None if gpu0_bsz is None else gpu0_bsz * plan.grad_accum
-        chosen = {"balanced_dp.gpu0_bsz_chosen": per_step}
-    balanced = BalancedDataParallel(model, gpu0_bsz, device_ids=device_ids)
-    split = balanced_split(micro, max(n_gpus, 1), gpu0_bsz)
+        return (None if gpu0_bsz is None else gpu0_bsz * accum), notes
+
+    def settle(per_step: Optional[int], notes: list[str]) -> DataParallelRun:
+        # in place: build.py compiled this very module, which has not run yet
+        balanced.gpu0_bsz = None if per_step is None else per_step // accum
+        return balanced_run(
+            balanced, options, plan, ctx, notes, {gpu0_autotune.CHOSEN_KEY: per_step}
+        )
+
+    # the even split until settled (pipeline/training/tuning.py), before the first step
+    unsettled = balanced_run(balanced, options, plan, ctx)
+    return replace(unsettled, tuned=Tuned(gpu0_autotune.CHOSEN_KEY, measure, settle))
+
+
+def balanced_run(
+    balanced: BalancedDataParallel,
+    options: BalancedDpConfig,
+    plan: BatchPlan,
+    ctx: DistContext,
+    auto_notes: Sequence[str] = (),
+    chosen: Optional[dict[str, Optional[int]]] = None,
+) -> DataParallelRun:
+    """The run of `balanced` at its gpu0_bsz; `auto_notes`, `chosen`: how auto decided it."""
+    gpu0_bsz, micro = balanced.gpu0_bsz, plan.micro
+    split = balanced_split(micro, max(len(ctx.gpus), 1), gpu0_bsz)
     devices = device_names(ctx)
     notes = [split_note(FACTS.name, micro, split, devices), *auto_notes]
     if (note := batchnorm_note(FACTS.name, split)) is not None:
@@ -104,13 +127,13 @@ def parallelize(
     if len(devices) == 1 and gpu0_bsz is not None:
         notes.append(f"balanced_dp.gpu0_bsz={options.gpu0_bsz} has no effect on one device")
     return DataParallelRun(
-        module=model,
+        module=balanced.module,
         forward=balanced,
         writer=True,
         devices=devices,
         batch_split=split,
         notes=tuple(notes),
-        params=chosen,
+        params=chosen or {},
     )
 
 

@@ -13,7 +13,9 @@ A strategy module (one per file in this package, named in `pipeline.strategies.N
     def parallelize(model, options, plan: BatchPlan, ctx: DistContext, autocast) -> Run
         applies the parallelism to the plain model (the six blocks of
         pipeline.training.model.resnet18), already on ctx.device; `plan` is the batch over
-        this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory)
+        this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory).
+        A setting the run decides once at its start (`auto`) is left to its `tuned`, which
+        pipeline/training/tuning.py settles before the first step
 
 The loop (pipeline/training/loop.py) branches on the type of the result, never on names.
 """
@@ -34,6 +36,7 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.context import DistContext
 
 Autocast = Callable[[], ContextManager]
+Forward = Callable[[torch.Tensor], torch.Tensor]  # images -> logits
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,32 @@ class StrategyFacts:
     same_at_any_world_size: Callable[[Any], bool] = lambda options: False
 
 
+@dataclass(frozen=True)
+class LoopForward:
+    """How the training loop runs a DataParallelRun's forward (pipeline/training/build.py),
+    for a setting measured before training: the same compilation, autocast, input layout and
+    CUDA-graph step marker, so the measurement times the forward the run will train with."""
+
+    # a strategy's forward as the loop calls it: compiled when train.compile
+    prepare: Callable[[Forward], Forward]
+    autocast: Autocast
+    channels_last: bool  # the loader's batches are channels_last
+    new_graph_step: Callable[[], None]  # called before each forward
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A setting a run decides once, before its first step (e.g. balanced_dp.gpu0_bsz: auto).
+    A fresh run calls `measure` once its speed options are applied; the checkpoint keeps the
+    value and its notes, and a resumed run settles with those instead of measuring again
+    (pipeline/training/tuning.py). The run identity holds the param (`auto`), never the value."""
+
+    key: str  # the value's name in the notes, the MLflow params and the checkpoint record
+    measure: Callable[[LoopForward], tuple[Any, list[str]]]  # -> (a JSON value, its notes)
+    # (value, notes) -> the run with it applied, its notes and params saying so
+    settle: Callable[[Any, list[str]], Run]
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Run:
     module: nn.Module  # holds the parameters this rank's optimizer updates
@@ -70,6 +99,8 @@ class _Run:
     notes: tuple[str, ...] = ()  # facts for the record, e.g. "dp on 1 device: runs unsplit"
     # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
     params: Mapping[str, Any] = field(default_factory=dict)
+    # a setting still to decide before the first step; the settled run has none
+    tuned: Optional[Tuned] = None
 
     def state_dict(self) -> dict:
         if self.full_state_dict is not None:

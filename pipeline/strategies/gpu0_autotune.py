@@ -1,17 +1,21 @@
 """`balanced_dp.gpu0_bsz: auto`: measure a few candidate values, keep the leanest fast one.
 
-`resolve_gpu0_bsz` runs once, in `balanced_dp.parallelize`, before training: for each
+`resolve_gpu0_bsz` runs once per run, before its first step (balanced_dp's `Tuned`, settled
+by pipeline/training/tuning.py; a resumed run takes the value its checkpoint kept): for each
 candidate (`candidates`: the even share of device 0 and 3/4, 1/2, 1/4 of it, and 0) it runs a
-few forward+backward passes of a deep copy of the seeded model (so the weights and BatchNorm
-statistics the run trains are untouched; no optimizer step) on a batch shaped like a training
-micro-batch, drawn from its own generator (the run's random streams are untouched), timed
-between CUDA synchronizations, and reads the peak allocated memory of every device.
+few forward+backward passes of a deep copy of the model as the run will train it (its dtype and
+memory layout; no optimizer step, so the weights and BatchNorm statistics the run trains are
+untouched), wrapped and compiled as the loop's forward is (`LoopForward`), under the run's
+autocast, on a batch shaped and laid out like a training micro-batch, drawn from its own
+generator (the run's random streams are untouched), timed between CUDA synchronizations, and
+reads the peak allocated memory of every device.
 `choose_gpu0_bsz` (pure; tested without GPUs) then keeps the candidates within 5% of the best
 throughput and of those the one with the lowest peak over devices.
 
 On the CPU or one GPU nothing is balanced: auto resolves to null (the even split) without
 profiling, and a note says why. The choice and the measurements become notes, which the
-writer prints and metrics.json keeps; the first note starts `balanced_dp.gpu0_bsz_chosen=`.
+writer prints and metrics.json keeps (and the checkpoint, with the value, for a resume to
+reuse); the first note starts `balanced_dp.gpu0_bsz_chosen=`, the MLflow param's name.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.memory import MIB, peak_rss_bytes, reset_peaks
+from pipeline.strategies.base import LoopForward
 
 AUTO = "auto"
 CHOSEN_KEY = "balanced_dp.gpu0_bsz_chosen"
@@ -129,12 +133,13 @@ def measure(
     micro: int,
     devices: Sequence[torch.device],
     options: Sequence[int],
-    autocast: Callable[[], ContextManager],
+    loop: LoopForward,
     passes: int = 3,
     warmup: int = 1,
 ) -> list[Measurement]:
-    """Time `passes` forward+backward passes of `wrap(copy, gpu0_bsz)` per candidate (after
-    `warmup` untimed ones) and read each device's peak allocated memory.
+    """Time `passes` forward+backward passes of `wrap(copy, gpu0_bsz)`, prepared as the loop
+    runs its forward, per candidate (after `warmup` untimed ones, which also compile) and read
+    each device's peak allocated memory.
 
     `devices`: the CUDA devices (cuda:0 first, where the model lives); empty on the CPU, where
     the one figure is the process's peak RSS (only the tests profile there). Out-of-memory
@@ -146,9 +151,12 @@ def measure(
     gen = torch.Generator().manual_seed(0)  # its own stream: the run's RNG stays untouched
     x = torch.randn(micro, *INPUT_SHAPE, generator=gen).to(first, dtype)
     y = torch.randint(0, NUM_CLASSES, (micro,), generator=gen).to(first)
+    if loop.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
 
-    def step(forward: nn.Module) -> None:
-        with autocast():
+    def step(forward: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        loop.new_graph_step()
+        with loop.autocast():
             logits = forward(x)
             loss = F.cross_entropy(logits.float(), y.to(logits.device))
         loss.backward()
@@ -160,7 +168,7 @@ def measure(
 
     results = []
     for gpu0_bsz in options:
-        forward, error = wrap(probe, gpu0_bsz), None
+        forward, error = loop.prepare(wrap(probe, gpu0_bsz)), None
         try:
             for _ in range(warmup):
                 step(forward)
@@ -193,7 +201,7 @@ def resolve_gpu0_bsz(
     n_gpus: int,
     on_cuda: bool,
     wrap: Callable[[nn.Module, int], nn.Module],
-    autocast: Callable[[], ContextManager],
+    loop: LoopForward,
     accum: int = 1,
 ) -> tuple[Optional[int], list[str]]:
     """`auto` -> (GPU 0's samples per forward, notes). Profiles only with two or more GPUs.
@@ -207,7 +215,7 @@ def resolve_gpu0_bsz(
         ]
     devices = [torch.device("cuda", i) for i in range(n_gpus)]
     options = candidates(micro, n_gpus)
-    measurements = measure(model, wrap, micro, devices, options, autocast)
+    measurements = measure(model, wrap, micro, devices, options, loop)
     torch.cuda.empty_cache()  # what the profiling held is free again
     choice, why = choose_gpu0_bsz(measurements)
     shown = "null" if choice is None else str(choice * accum)

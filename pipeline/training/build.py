@@ -19,6 +19,7 @@ from pipeline.data.fashion_mnist import DATA_DIR
 from pipeline.data.loaders import Batches, make_batches
 from pipeline.strategies.base import (
     DataParallelRun,
+    LoopForward,
     PipelinedRun,
     Run,
     Strategy,
@@ -45,6 +46,8 @@ class Training:
     # a pipeline, whose schedule runs its own stages
     forward: Optional[Callable[[torch.Tensor], torch.Tensor]]
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
+    # how `forward` was made, for a run's setting measured before training (tuning.py)
+    loop: LoopForward
     notes: tuple[str, ...]  # the strategy's, then the precision's and compile's
     prec: Precision
     loader: Batches
@@ -60,7 +63,8 @@ def build_training(
     plan: BatchPlan,
     raw_dir: Path = DATA_DIR / "raw",
 ) -> Training:
-    """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision."""
+    """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision.
+    A run with a setting still to decide (`run.tuned`) is settled by tuning.py."""
     device, facts = ctx.device, strategy.FACTS
     prec = build_precision(cfg.train.precision, device)
     model = build_model(cfg.model.width, cfg.seed).to(device, prec.dtype)
@@ -68,18 +72,30 @@ def build_training(
     prec, channels_last = fit_to_strategy(prec, run, facts, cfg.train.channels_last)
     configure_backends(prec, device)
     pipelined = isinstance(run, PipelinedRun)
-    forward, compile_notes = compile_forward(
-        run.forward if isinstance(run, DataParallelRun) else None,
-        cfg.train.compile,
-        cfg.train.compile_mode,
-        facts.cuda_graphs,
-    )
+    train = cfg.train
+
+    def prepare(module_forward: Optional[Callable]) -> tuple[Optional[Callable], list[str]]:
+        return compile_forward(module_forward, train.compile, train.compile_mode, facts.cuda_graphs)
+
+    def as_the_loop_runs(module_forward: Callable) -> Callable:
+        compiled, _ = prepare(module_forward)
+        assert compiled is not None  # only a missing forward stays missing
+        return compiled
+
+    forward, compile_notes = prepare(run.forward if isinstance(run, DataParallelRun) else None)
+    new_graph_step = graph_step_marker(train, facts.cuda_graphs)
     return Training(
         run=run,
         facts=facts,
         plan=plan,
         forward=forward,
-        new_graph_step=graph_step_marker(cfg.train, facts.cuda_graphs),
+        new_graph_step=new_graph_step,
+        loop=LoopForward(
+            prepare=as_the_loop_runs,
+            autocast=prec.autocast,
+            channels_last=channels_last,
+            new_graph_step=new_graph_step,
+        ),
         notes=(*run.notes, *prec.notes, *compile_notes),
         prec=prec,
         loader=make_batches(

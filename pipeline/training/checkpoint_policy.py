@@ -1,10 +1,11 @@
 """When a run checkpoints, and where it starts again: the resume of the last committed
 checkpoint of this very run (or of checkpoint.resume_from), and the saves every
 `checkpoint.every_epochs`, at the end and on SIGTERM. Checkpoint files themselves:
-checkpoint.py."""
+checkpoint.py. What the run decided at its start (tuning.py) travels with its checkpoints."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from pipeline.config import CheckpointConfig
 from pipeline.context import DistContext
+from pipeline.files import atomic_write
 from pipeline.results import EpochRow
 from pipeline.training.build import Training
 from pipeline.training.checkpoint import (
@@ -26,6 +28,8 @@ from pipeline.training.checkpoint import (
 from pipeline.training.faults import Fault
 from pipeline.training.identity import RunIdentity
 
+TUNED = "tuned.json"  # beside the checkpoints: what the run decided at its start, at once
+
 
 @dataclass
 class Progress:
@@ -37,6 +41,9 @@ class Progress:
     # what happened to the run on its way that its results must be read with (e.g. the world
     # size changed at a resume); kept in every checkpoint after
     notes: list[str] = field(default_factory=list)
+    # settings the run decided at its start ({key: {"value", "notes"}}, tuning.py); kept in
+    # every checkpoint, so that a resume takes them instead of deciding again
+    tuned: dict[str, Any] = field(default_factory=dict)
 
 
 class CheckpointPolicy:
@@ -82,6 +89,7 @@ class CheckpointPolicy:
                     f"not resuming {self.ckpt.directory}: "
                     f"{self.identity.difference(other.get('identity'))}; training from scratch"
                 )
+            fresh.tuned.update(self._tuned_before_restart())
             return fresh
         position, record = found
         state = source.load(position)
@@ -119,7 +127,28 @@ class CheckpointPolicy:
             [EpochRow.from_record(r) for r in record["history"]],
             totals.to(device),
             notes,
+            dict(record.get("tuned", {})),
         )
+
+    def keep_tuned(self, tuned: dict[str, Any]) -> None:
+        """What the run just decided, written beside its checkpoints at once: a torchrun
+        restart before the first checkpoint goes on with the same run (and MLflow run, whose
+        params hold the value), so it takes this rather than deciding again."""
+        if self.writer:
+            self.ckpt.directory.mkdir(parents=True, exist_ok=True)
+            kept = {"fingerprint": self.identity.key, "tuned": tuned}
+            atomic_write(self.ckpt.directory / TUNED, json.dumps(kept, indent=1))
+
+    def _tuned_before_restart(self) -> dict[str, Any]:
+        """A torchrun restart with no checkpoint yet: what this run's first attempt decided.
+        (A new attempt of the stage starts a new run, which decides for itself.)"""
+        if self.ctx.restart == 0:
+            return {}
+        try:
+            kept = json.loads((self.ckpt.directory / TUNED).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return dict(kept.get("tuned", {})) if kept.get("fingerprint") == self.identity.key else {}
 
     def save(self, at: Position, progress: Progress, training: Training, run_id: Any) -> None:
         prec = training.prec
@@ -133,6 +162,7 @@ class CheckpointPolicy:
             "run_id": run_id,
             "identity": self.identity.to_record(),
             "notes": progress.notes,
+            "tuned": progress.tuned,
         }
 
         def written() -> None:  # this rank's file is on disk, the commit still pending

@@ -2,24 +2,46 @@
 
 import json
 
+from mlflow.tracking import MlflowClient
+
 from pipeline.strategies.gpu0_autotune import (
     CHOSEN_KEY,
 )
 from support import LEARNED, run
 
 
-def test_cli_run_with_auto_completes_and_records_the_resolution(fetched_project):
-    project = fetched_project(train={"epochs": 1})
+def test_cli_run_with_auto_decides_once_and_restarts_reuse_it(fetched_project):
+    """auto is decided at the run's start; two torchrun restarts (one before the first
+    checkpoint, one resuming epoch 2 from it) reuse it, saying so, and the notes, metrics.json
+    and the MLflow run hold it once. On the CPU it is the even split, without profiling: the
+    unit tests (test_tuning.py) count a fake profiler's calls."""
+    project = fetched_project(data={"limit_train": 128, "limit_test": 64})  # 4 steps an epoch
     proc = run(
-        project, "python", "-m", "pipeline.train", "balanced_dp", "balanced_dp.gpu0_bsz=auto"
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "balanced_dp",
+        "balanced_dp.gpu0_bsz=auto",
+        "checkpoint.max_restarts=2",
+        PARALLEL_LAB_FAULT="rank=0,epoch=1,step=1;rank=0,epoch=2,step=0",
     )
-    assert f"note: {CHOSEN_KEY}=null" in proc.stdout
+    assert proc.stdout.count("fault: rank 0 killed") == 2, proc.stdout
+    assert "resuming at epoch 2 step 0" in proc.stdout
+    reused = [line for line in proc.stdout.splitlines() if f"{CHOSEN_KEY}=null: reused" in line]
+    assert len(reused) == 2 and "not measured again" in reused[0], proc.stdout
     metrics = json.loads((project / "results/balanced_dp/metrics.json").read_text())
-    assert metrics["epochs"] == 1 and metrics["batch_split"] == [32]
+    assert metrics["epochs"] == 2 and metrics["batch_split"] == [32]
     auto = [note for note in metrics["notes"] if note.startswith(f"{CHOSEN_KEY}=")]
     assert len(auto) == 1 and "auto on the CPU resolves to the even split" in auto[0]
-    config = (project / "results/balanced_dp/config.yaml").read_text()
-    assert "gpu0_bsz: auto" in config
+    record = json.loads((project / "checkpoints/balanced_dp/latest.json").read_text())
+    assert record["tuned"][CHOSEN_KEY]["value"] is None
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    params = mlflow_run.data.params  # the param is auto, the chosen value an outcome
+    assert params["balanced_dp.gpu0_bsz"] == "auto" and params[CHOSEN_KEY] == "None"
+    assert mlflow_run.info.status == "FINISHED"
+    assert "gpu0_bsz: auto" in (project / "results/balanced_dp/config.yaml").read_text()
 
 
 def test_single_trains_with_the_options_combined(fetched_project):

@@ -1,6 +1,7 @@
-"""`balanced_dp.gpu0_bsz: auto` (pipeline/autotune.py) on CPU: the pure chooser exhaustively,
-the measuring loop's bookkeeping with a tiny model, the CPU/one-GPU resolution, and a real
-`python -m pipeline.train balanced_dp balanced_dp.gpu0_bsz=auto` run.
+"""`balanced_dp.gpu0_bsz: auto` (pipeline/strategies/gpu0_autotune.py) on CPU: the pure chooser
+exhaustively, the measuring loop's bookkeeping with a tiny model, the CPU/one-GPU resolution,
+and what balanced_dp leaves to settle (tests/unit/test_tuning.py: once per run, kept on a
+resume; tests/e2e/test_cli_options.py: a real run, restarted).
 
 The profiling itself (CUDA timing and per-device peaks of a scattered batch) needs >=2 GPUs.
 """
@@ -17,6 +18,7 @@ from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.strategies import balanced_dp
 from pipeline.strategies import gpu0_autotune as autotune
+from pipeline.strategies.base import LoopForward
 from pipeline.strategies.gpu0_autotune import (
     CHOSEN_KEY,
     Measurement,
@@ -27,6 +29,14 @@ from pipeline.strategies.gpu0_autotune import (
     resolve_gpu0_bsz,
 )
 from support import parallelize, strategy_nproc
+
+# the loop's forward uncompiled, in the model's dtype, NCHW: as on the CPU by default
+EAGER = LoopForward(
+    prepare=lambda forward: forward,
+    autocast=nullcontext,
+    channels_last=False,
+    new_graph_step=lambda: None,
+)
 
 
 def m(gpu0_bsz, samples_per_s, *peaks, error=None):
@@ -162,7 +172,7 @@ def test_measure_leaves_the_model_and_the_random_streams_untouched():
         micro=4,
         devices=[],
         options=[2, 1, 0],
-        autocast=nullcontext,
+        loop=EAGER,
         passes=2,
     )
     assert [r.gpu0_bsz for r in results] == wrapped == [2, 1, 0]
@@ -172,6 +182,33 @@ def test_measure_leaves_the_model_and_the_random_streams_untouched():
     assert torch.equal(torch.random.get_rng_state(), rng)
 
 
+def test_measure_runs_the_forward_as_the_loop_does():
+    """Prepared (compiled, in a run with train.compile) per candidate, on channels_last input
+    when the loader's batches are, a graph step marked before each forward."""
+    prepared, layouts, steps = [], [], []
+
+    def prepare(forward):
+        prepared.append(forward.size)
+
+        def as_the_loop_runs(x):
+            layouts.append(x.is_contiguous(memory_format=torch.channels_last))
+            return forward(x)
+
+        return as_the_loop_runs
+
+    class Wrapped(nn.Module):
+        def __init__(self, module, size):
+            super().__init__()
+            self.module, self.size = module, size
+
+        def forward(self, x):
+            return self.module(x)
+
+    loop = LoopForward(prepare, nullcontext, True, lambda: steps.append(1))
+    measure(tiny_model(), Wrapped, micro=4, devices=[], options=[2, 0], loop=loop, passes=2)
+    assert prepared == [2, 0] and layouts == [True] * 6 and len(steps) == 6
+
+
 @pytest.mark.parametrize(
     "on_cuda, n_gpus, where", [(False, 0, "on the CPU"), (True, 1, "on one GPU")]
 )
@@ -179,7 +216,7 @@ def test_auto_without_two_gpus_is_the_even_split_without_profiling(
     monkeypatch, on_cuda, n_gpus, where
 ):
     monkeypatch.setattr(autotune, "measure", lambda *a, **k: pytest.fail("profiled"))
-    choice, notes = resolve_gpu0_bsz(nn.Linear(2, 2), 16, n_gpus, on_cuda, wrap=None, autocast=None)
+    choice, notes = resolve_gpu0_bsz(nn.Linear(2, 2), 16, n_gpus, on_cuda, wrap=None, loop=None)
     assert choice is None and len(notes) == 1
     assert notes[0].startswith(f"{CHOSEN_KEY}=null") and where in notes[0]
 
@@ -195,10 +232,25 @@ def test_nproc_does_not_compare_auto_with_the_micro_batch():
     assert strategy_nproc(balanced_dp, config("auto"), 4) == 1
 
 
+def settled(par):
+    """The run as tuning.settle leaves a fresh one: measured, then applied."""
+    value, notes = par.tuned.measure(EAGER)
+    return par.tuned.settle(value, notes)
+
+
+def test_auto_is_left_to_settle_and_a_set_value_is_not():
+    cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
+    assert parallelize(balanced_dp, nn.Linear(3, 2), config(8), cpu).tuned is None
+    par = parallelize(balanced_dp, nn.Linear(3, 2), config("auto"), cpu)
+    assert par.tuned.key == CHOSEN_KEY and par.params == {}
+    assert not any(note.startswith(CHOSEN_KEY) for note in par.notes)
+
+
 def test_parallelize_on_cpu_resolves_auto_to_the_even_split():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    par = parallelize(balanced_dp, nn.Linear(3, 2), config("auto"), cpu)
-    assert par.batch_split == [16] and par.forward.gpu0_bsz is None
+    par = settled(parallelize(balanced_dp, nn.Linear(3, 2), config("auto"), cpu))
+    assert par.batch_split == [16] and par.forward.gpu0_bsz is None and par.tuned is None
+    assert par.params == {CHOSEN_KEY: None}
     assert any(note.startswith(f"{CHOSEN_KEY}=null") for note in par.notes)
 
 
@@ -206,7 +258,7 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
     """What is recorded for 3 GPUs, the measurements standing in for the profiling."""
     seen = {}
 
-    def fake_measure(model, wrap, micro, devices, options, autocast):
+    def fake_measure(model, wrap, micro, devices, options, loop):
         seen.update(
             micro=micro, devices=devices, options=options, wrapped=wrap(model, options[1]).gpu0_bsz
         )
@@ -214,14 +266,18 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
 
     monkeypatch.setattr(autotune, "measure", fake_measure)
     three_gpus = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0", "1", "2"))
-    par = parallelize(
+    unsettled = parallelize(
         balanced_dp, nn.Linear(3, 2), config("auto", batch_size=16, grad_accum=1), three_gpus
     )
+    assert not seen  # nothing measured until the run is settled
+    par = settled(unsettled)
+    assert par.forward is unsettled.forward  # the module build.py compiled takes the value
     assert seen["micro"] == 16 and seen["options"] == [6, 4, 3, 1, 0]
     assert [str(d) for d in seen["devices"]] == ["cuda:0", "cuda:1", "cuda:2"]
     assert seen["wrapped"] == 4
     # all within 5%; peaks max(500 + 40 s, 600): 740, 660, 620, 600, 600: 1 and 0 tie, 1 is faster
     assert par.forward.gpu0_bsz == 1 and par.batch_split == [1, 8, 7]
+    assert par.params == {CHOSEN_KEY: 1}
     assert (
         par.notes[0] == "balanced_dp: each micro-batch of 16 is split 1+8+7 over cuda:0, "
         "cuda:1, cuda:2"

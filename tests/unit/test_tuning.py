@@ -1,0 +1,111 @@
+"""What a run decides at its start (pipeline/training/tuning.py), through the real build, the
+checkpoint policy and its files in one process: measured once, kept in the checkpoint and
+beside it, and taken from there by a resume and by a torchrun restart, which never measure.
+
+The profiler is a fake that counts its calls (balanced_dp's own profiles only with >=2 GPUs),
+and it picks 8, which auto never picks on the CPU: a reused value can only have come from
+the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from pipeline.config import Config
+from pipeline.context import DistContext
+from pipeline.data.device_data import to_device
+from pipeline.data.download import convert
+from pipeline.strategies import balanced_dp
+from pipeline.strategies.base import Tuned
+from pipeline.strategies.gpu0_autotune import CHOSEN_KEY
+from pipeline.training.build import build_training
+from pipeline.training.checkpoint import Position
+from pipeline.training.checkpoint_policy import TUNED, CheckpointPolicy
+from pipeline.training.identity import RunIdentity
+from pipeline.training.session import job_plan
+from pipeline.training.tuning import settle
+
+# one process, no process group: DCP says it saves and loads locally, as meant here
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
+IDENTITY = RunIdentity({"balanced_dp.gpu0_bsz": "auto"}, "balanced_dp", 1, {}, "d", {})
+CHOSEN = f"{CHOSEN_KEY}=8: the fake profiler's pick"
+
+
+@pytest.fixture(scope="module")
+def data(raw_dataset):
+    return to_device(convert(raw_dataset[0]), CPU.device, 64, 32)
+
+
+class Start:
+    """One process's start of the run: build, resume, settle, with a counting profiler."""
+
+    def __init__(self, data, directory, restart: int = 0, identity: RunIdentity = IDENTITY):
+        cfg = Config()
+        cfg.model.width, cfg.train.batch_size = 4, 16
+        cfg.balanced_dp.gpu0_bsz = "auto"
+        ctx = replace(CPU, restart=restart)
+        plan = job_plan(cfg.train, balanced_dp.FACTS, len(data.train_labels), 1)
+        built = build_training(cfg, balanced_dp, ctx, data, plan)
+        real = built.run.tuned
+        assert real is not None
+        self.measured = 0
+        built = replace(
+            built, run=replace(built.run, tuned=Tuned(real.key, self.fake, real.settle))
+        )
+        self.policy = CheckpointPolicy(cfg.checkpoint, 2, directory, identity, ctx, True, None)
+        self.lines: list[str] = []
+        self.progress = self.policy.resume(built, self.lines.append)
+        self.training = settle(
+            built, self.progress.tuned, self.policy.keep_tuned, self.lines.append
+        )
+
+    def fake(self, loop):
+        self.measured += 1
+        return 8, [CHOSEN, "balanced_dp.gpu0_bsz=auto measurements: 8: 1 samples/s"]
+
+    def chosen_notes(self) -> list[str]:
+        return [note for note in self.training.notes if note.startswith(CHOSEN_KEY)]
+
+    def save(self, epoch: int) -> dict:
+        self.policy.save(Position(epoch, 0), self.progress, self.training, "run-id")
+        return json.loads((self.policy.ckpt.record_path).read_text())
+
+
+def test_measured_once_kept_in_the_checkpoint_and_reused_on_resume(data, tmp_path):
+    first = Start(data, tmp_path)
+    assert first.measured == 1 and first.training.run.tuned is None
+    assert first.training.run.params == {CHOSEN_KEY: 8} and first.chosen_notes() == [CHOSEN]
+    assert first.training.forward.gpu0_bsz == 8  # the forward the loop calls
+    assert not any("reused" in line for line in first.lines)
+    record = first.save(1)
+    assert record["tuned"][CHOSEN_KEY]["value"] == 8
+
+    resumed = Start(data, tmp_path)
+    assert resumed.measured == 0 and resumed.progress.position == Position(1, 0)
+    assert resumed.training.run.params == first.training.run.params
+    assert resumed.training.notes == first.training.notes  # the profile's notes, once
+    assert resumed.training.forward.gpu0_bsz == 8
+    (line,) = [line for line in resumed.lines if CHOSEN_KEY in line]
+    assert line.startswith(f"{CHOSEN_KEY}=8: reused") and "not measured again" in line
+    assert resumed.save(2)["tuned"] == record["tuned"]  # and kept by every checkpoint after
+
+
+def test_a_torchrun_restart_before_the_first_checkpoint_takes_the_first_attempts(data, tmp_path):
+    """It goes on with the same MLflow run, whose params hold the first attempt's value; a new
+    attempt of the stage, or another run's file, decides afresh."""
+    first = Start(data, tmp_path)
+    assert first.measured == 1 and (tmp_path / TUNED).exists()
+    assert not (tmp_path / "latest.json").exists()
+
+    restarted = Start(data, tmp_path, restart=1)
+    assert restarted.measured == 0 and restarted.training.run.params == {CHOSEN_KEY: 8}
+    assert restarted.chosen_notes() == [CHOSEN]
+    assert any(line.startswith(f"{CHOSEN_KEY}=8: reused") for line in restarted.lines)
+
+    assert Start(data, tmp_path).measured == 1  # the stage run again: a new run
+    other = replace(IDENTITY, params={"balanced_dp.gpu0_bsz": "auto", "seed": 1})
+    assert Start(data, tmp_path, restart=1, identity=other).measured == 1
