@@ -188,7 +188,8 @@ class BalancedDpConfig:
     step's forwards: batch 16, gpu0_bsz 4, grad_accum 2 on 3 GPUs is 2+3+3 per forward.
     0 leaves GPU 0 only gathering. null = an even split. auto: a short profiling pass before
     training picks the candidate with the lowest peak memory among those within 5% of the
-    best throughput (pipeline/strategies/gpu0_autotune.py); null on the CPU or one GPU."""
+    best throughput (pipeline/strategies/gpu0_autotune.py), once per run: the checkpoint keeps
+    it for a resume; null on the CPU or one GPU."""
 
 
 @dataclass
@@ -256,7 +257,8 @@ class DistConfig:
 
 @dataclass
 class ReportConfig:
-    """`report`: the compare stage's report, and the system metrics of each train stage."""
+    """`report`: the compare stage's report, and the system metrics and progress lines of
+    each train stage."""
 
     target_accuracy: Optional[float] = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
     """Test accuracy whose first crossing the report times ("time to target"); null =
@@ -264,6 +266,12 @@ class ReportConfig:
     system_metrics_interval_s: Optional[float] = field(default=2.0, metadata={"min_exclusive": 0.0})
     """Seconds between MLflow system-metrics samples (GPU utilisation and memory through
     NVML, CPU, RAM) of each strategy run; null = not sampled."""
+    log_every_s: Optional[float] = field(default=30.0, metadata=_min(0.0))
+    """Seconds between the progress lines a train stage prints while an epoch runs, when its
+    output is not a terminal (logs, Compose): epoch, step/steps, loss (the epoch's so far, of
+    the writer rank's samples), samples/s, ETA of the epoch and the writer process's peak
+    memory per device. 0 = a line after every optimizer step; null = none. At a terminal a
+    live bar shows the same instead. Shows, never changes, a run: no stage re-runs for it."""
 
 
 @dataclass
@@ -281,6 +289,12 @@ class MlflowConfig:
     """Log each strategy's final model as an MLflow model (mlflow.pytorch, with a signature
     and an input example; the compare stage registers the recommended one). It costs a few
     seconds a stage; false leaves model.pt as the run's only copy of the weights."""
+    log_every_steps: Optional[int] = field(default=50, metadata=_min(0))
+    """Log step_train_loss (the mean loss of the writer rank's samples since the last point
+    or the epoch's start) and step_samples_per_s every N optimizer steps of the run, at MLflow
+    step epoch * steps_per_epoch + step, so its charts move while it trains. Never waits for
+    MLflow: a slow or down server loses these points, not the per-epoch metrics. null or 0 =
+    off. Shows, never changes, a run: no stage re-runs for it."""
 
 
 @dataclass

@@ -11,7 +11,8 @@ stamped with the time the epoch ended), artifacts, the final model as an MLflow 
 background thread (`Tracker.publish_soon`); the end of the stage waits for it. If the
 tracking server is down, training goes on, a warning says what is pending, and the next push
 (every epoch, at the end of the stage, or `python -m pipeline.publish`) delivers it.
-Non-writing ranks get `NullTracker`.
+Step-level metrics are the exception: a live view sent as training goes, never kept
+(step_metrics.py). Non-writing ranks get `NullTracker`.
 
 Status: RUNNING while a stage trains (again RUNNING when a stopped run resumes), then
 FINISHED, FAILED (an error; the launcher marks a run whose workers died without a word) or
@@ -37,6 +38,7 @@ from pipeline.errors import first_line
 from pipeline.files import atomic_write
 from pipeline.results import EpochRow
 from pipeline.tracking import store
+from pipeline.tracking.step_metrics import StepMetrics
 from pipeline.tracking.store import experiment_id, param_text, tracking_uri
 from pipeline.tracking.system_metrics import publish_final_sample, system_metrics_monitor
 
@@ -47,6 +49,8 @@ MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model loads it
 # () -> (the plain model in eval mode with the run's final weights, an input example: a float32
 # numpy batch of normalized test images, [N, 1, 28, 28]).
 ModelSource = Callable[[], tuple[Any, Any]]
+# How long the end of a stage gives the step metrics still queued to reach MLflow.
+STEP_METRICS_FLUSH_S = 2.0
 
 
 class NullTracker:
@@ -66,6 +70,9 @@ class NullTracker:
         return True
 
     def publish_soon(self, history: list[EpochRow]) -> None:
+        pass
+
+    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         pass
 
     def start_system_metrics(
@@ -127,6 +134,7 @@ class Tracker:
         self._write()
         self._monitor = None
         self._background: threading.Thread | None = None
+        self._steps = StepMetrics(lambda: self.run_id)
 
     @property
     def run_id(self) -> str | None:
@@ -147,6 +155,11 @@ class Tracker:
         )
         self._background.start()
 
+    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+        """A step-level point (`step_train_loss`, ...) at MLflow step `step`, sent by a
+        background thread; returns at once, and never delays training (step_metrics.py)."""
+        self._steps.log_soon(step, metrics, timestamp_ms)
+
     def publish(
         self,
         history: list[EpochRow],
@@ -161,10 +174,11 @@ class Tracker:
         raises on an outage. With wait_s, keep retrying that long first (a tracking server
         that is restarting gets a grace period at the end of a stage), unless `give_up` says
         so (a SIGTERM: the process has its grace period to leave). Waits for a background
-        push first."""
+        push first, and a little for the step metrics still queued."""
         if self._background is not None:
             self._background.join()
             self._background = None
+        self._steps.flush(STEP_METRICS_FLUSH_S)
         if status is not None:
             self.record["status"] = status
             self._write()

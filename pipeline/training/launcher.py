@@ -5,6 +5,8 @@ is validated, the devices resolved and the outputs checked in this one process, 
 fails fast with one line and exit code 2 instead of N tracebacks; then torchrun starts the
 workers with the chosen GPUs as CUDA_VISIBLE_DEVICES (set before any worker initialises CUDA).
 A user error a worker finds later comes back the same way (one line, exit 2) through a file.
+The workers' stderr comes through this process; at a terminal they are told its width
+(live.TERMINAL_ENV), since what they write to is a pipe, and the writer shows a live bar.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pipeline.training.devices import choose_devices
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.final_model import model_source
+from pipeline.training.live import TERMINAL_ENV, terminal_columns
 from pipeline.training.topology import (
     Topology,
     check_job,
@@ -100,6 +103,12 @@ def launch(name: str, overrides: list[str]) -> int:
             ERROR_FILE_ENV: error_file.name,
         }
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        # the workers write to a pipe: whether the stage's output is a terminal is this
+        # process's to tell them (not an outer launcher's)
+        env.pop(TERMINAL_ENV, None)
+        columns = terminal_columns({}, sys.stderr)
+        if columns is not None:
+            env[TERMINAL_ENV] = str(columns)
         cmd = torchrun_command(name, nproc, cfg.checkpoint.max_restarts, overrides, topology)
         where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
         if topology.multi_node:
@@ -141,15 +150,17 @@ def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> tuple
     until a worker reports a user error: torchrun's failure report after that is noise around
     the one line the user needs, which the caller prints. Returns torchrun's exit code and
     whether the run was stopped by such a signal."""
-    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
 
     stderr = child.stderr
     assert stderr is not None  # stderr=PIPE
 
     def relay() -> None:
-        for line in stderr:
+        # bytes as they come, not lines: a progress bar redraws itself after a "\r" with no
+        # "\n", which a text-mode line reader would turn into a new line at every redraw
+        while chunk := os.read(stderr.fileno(), 65536):
             if error_file.stat().st_size == 0:
-                sys.stderr.write(line)
+                sys.stderr.buffer.write(chunk)
                 sys.stderr.flush()
 
     relay_thread = threading.Thread(target=relay, daemon=True)

@@ -4,7 +4,8 @@ totals they add up. A strategy enters only through the run it returned (`Trainin
 schedule runs forward and backward itself.
 
 Nothing here waits for the GPU: per-batch loss and accuracy are summed into a tensor on the
-device, and read back once per epoch (`reduce_totals`).
+device, and read back once per epoch (`reduce_totals`); the writer's live progress copies it
+to the host now and then without waiting (live.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from pipeline.config import TrainConfig
 from pipeline.context import DistContext
@@ -23,6 +23,7 @@ from pipeline.data.device_data import DeviceData, eval_shard
 from pipeline.strategies.base import PipelinedRun
 from pipeline.training.build import Training
 from pipeline.training.faults import Fault
+from pipeline.training.live import LiveProgress
 from pipeline.training.optim import lr_at, set_lr
 
 # Ranks vote on a SIGTERM every this many steps: an all-reduce every step would make every
@@ -65,23 +66,19 @@ def train_epoch(
     stop: StopRequest,
     fault: Fault | None,
     rank: int,
-    progress: bool = False,
+    live: LiveProgress | None = None,
 ) -> int | None:
     """Optimizer steps start_step.. of one pass over the shuffled training set, adding
     [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
-    here waits for the GPU. Returns the step it stopped before on SIGTERM, else None."""
+    here waits for the GPU. `live`: the writer's progress report (a bar or log lines, MLflow
+    step metrics), which reads `totals` without waiting either. Returns the step it stopped
+    before on SIGTERM, else None."""
     run, prec, optimizer, loader = training.run, training.prec, training.optimizer, training.loader
     accum = training.plan.grad_accum
     run.module.train()
     steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
-    if progress:  # a bar on a terminal; log files get the one line per epoch instead
-        steps = tqdm(
-            steps,
-            total=loader.steps - start_step,
-            desc=f"epoch {epoch + 1}",
-            leave=False,
-            unit="step",
-        )
+    if live is not None:
+        live.begin(epoch, start_step, loader.steps, totals)
     for step, micro_batches in steps:
         if stop.agreed(step):
             return step
@@ -107,6 +104,8 @@ def train_epoch(
                 totals += batch_totals(logits.detach(), y)
         prec.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
+        if live is not None:
+            live.step(step + 1)
     return None
 
 

@@ -1,4 +1,5 @@
-"""What a run leaves behind: its history of epochs, the MLflow run (continued on a resume),
+"""What a run leaves behind: its history of epochs (results/<strategy>/history.csv grows
+with each, so `dvc plots` shows a run in progress), the MLflow run (continued on a resume),
 the per-epoch line in the log, and at the end results/<strategy>/ and the summary. One per
 process; only the strategy's writer rank keeps an MLflow run and writes files, the others
 record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
@@ -11,13 +12,16 @@ from typing import Any
 from pipeline import memory
 from pipeline.config import Config, effective_lr, flatten, to_yaml
 from pipeline.context import DistContext
+from pipeline.files import atomic_write
 from pipeline.results import (
     ARTIFACTS,
     CHECKPOINTS,
+    HISTORY,
     RESULTS,
     RUN_RECORD,
     EpochRow,
     RunSummary,
+    history_csv,
     steady_samples_per_s,
     steady_seconds,
     warmup_seconds,
@@ -64,6 +68,8 @@ class RunRecorder:
         self.writer = training.run.writer
         self.say = writer_log(name, self.writer)
         self.tracker = self._open_tracker(cfg) if self.writer else NullTracker()
+        if history:  # a resumed run's epochs, back in the plot DVC removed before the stage
+            self._write_history()
 
     def _open_tracker(self, cfg: Config) -> Tracker:
         """The MLflow run (a resumed run continues the same one), its system metrics started."""
@@ -108,7 +114,9 @@ class RunRecorder:
         return tracker
 
     def epoch_done(self, row: EpochRow) -> None:
-        """`row` is in the history already (a checkpoint may have saved it): publish, log."""
+        """`row` is in the history already (a checkpoint may have saved it): history.csv,
+        publish, log."""
+        self._write_history()
         self.tracker.publish_soon(self.history)
         if self.writer:
             print(
@@ -118,6 +126,14 @@ class RunRecorder:
                 + (" (warm-up)" if row.warmup else ""),
                 flush=True,
             )
+
+    def _write_history(self) -> None:
+        """results/<strategy>/history.csv with the epochs so far, atomically: `dvc plots` may
+        read it at any moment. The end of the run writes it once more, with the rest."""
+        if self.writer:
+            out_dir = RESULTS / self.name
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(out_dir / HISTORY, history_csv(self.history))
 
     def stopped(self) -> None:
         """A SIGTERM checkpoint: the epochs so far go to MLflow, the run marked killed."""

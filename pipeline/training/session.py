@@ -12,7 +12,6 @@ where it resumes the policy's (checkpoint_policy.py), one step of training the l
 
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
@@ -32,6 +31,7 @@ from pipeline.training.checkpoint_policy import CheckpointPolicy, Progress
 from pipeline.training.faults import Fault, fault_from_env
 from pipeline.training.hardware import run_hardware
 from pipeline.training.identity import run_identity
+from pipeline.training.live import LiveProgress, LiveSettings
 from pipeline.training.loop import (
     StopRequest,
     evaluate,
@@ -40,6 +40,7 @@ from pipeline.training.loop import (
     wait_for_device,
 )
 from pipeline.training.recorder import RunRecorder, writer_log
+from pipeline.training.tuning import settle
 
 
 def job_plan(train: TrainConfig, facts: StrategyFacts, n_train: int, world_size: int) -> BatchPlan:
@@ -52,9 +53,15 @@ def job_plan(train: TrainConfig, facts: StrategyFacts, n_train: int, world_size:
 
 
 def run(
-    cfg: Config, name: str, ctx: DistContext, control_group: dist.ProcessGroup | None = None
+    cfg: Config,
+    name: str,
+    ctx: DistContext,
+    control_group: dist.ProcessGroup | None = None,
+    terminal_columns: int | None = None,
 ) -> RunSummary | None:
-    """Train one strategy to the end (or to a SIGTERM checkpoint: then None is returned)."""
+    """Train one strategy to the end (or to a SIGTERM checkpoint: then None is returned).
+    `terminal_columns`: the width of the terminal the stage's output goes to, if it does
+    (live.terminal_columns): the writer then shows a bar instead of progress lines."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     strategy = strategies.get(name)
@@ -75,22 +82,51 @@ def run(
         training.run.writer,
         fault,
     )
-    progress = policy.resume(training, writer_log(name, training.run.writer))
+    say = writer_log(name, training.run.writer)
+    progress = policy.resume(training, say)
+    # what the run decides at its start (balanced_dp.gpu0_bsz: auto): a resume's is kept
+    training = settle(training, progress.tuned, policy.keep_tuned, say)
     # A new MLflow run where training starts from scratch, but not for torchrun restarting
     # this job's workers (the stage's same attempt, whose run a failed rank may have ended)
     fresh = progress.position == Position(0, 0) and ctx.restart == 0
     recorder = RunRecorder(
         cfg, name, ctx, training, identity.key, progress.history, fresh, progress.notes
     )
+    live = live_progress(cfg, name, training, ctx, recorder, terminal_columns)
     ok = False
     try:
-        summary = train_epochs(cfg, training, data, ctx, policy, progress, recorder, stop, fault)
+        summary = train_epochs(
+            cfg, training, data, ctx, policy, progress, recorder, stop, fault, live
+        )
         ok = True
         return summary
     finally:
         recorder.close()
         if not ok:
             recorder.failed()
+
+
+def live_progress(
+    cfg: Config,
+    name: str,
+    training: Training,
+    ctx: DistContext,
+    recorder: RunRecorder,
+    terminal_columns: int | None,
+) -> LiveProgress | None:
+    """The writer's report while an epoch runs; the other ranks report nothing."""
+    if not training.run.writer:
+        return None
+    settings = LiveSettings(terminal_columns, cfg.report.log_every_s, cfg.mlflow.log_every_steps)
+    devices = memory.local_devices(training.run.devices, ctx)
+    return LiveProgress(
+        settings,
+        name,
+        cfg.train.epochs,
+        training.plan.batch_size,
+        recorder.tracker.log_steps_soon,
+        lambda: memory.read_peaks(devices, ctx),  # allocator counters: no device sync
+    )
 
 
 def train_epochs(
@@ -103,6 +139,7 @@ def train_epochs(
     recorder: RunRecorder,
     stop: StopRequest,
     fault: Fault | None,
+    live: LiveProgress | None = None,
 ) -> RunSummary | None:
     """The epochs from `progress` on; None when a SIGTERM stopped them at a checkpoint."""
     history, run = progress.history, training.run
@@ -125,9 +162,11 @@ def train_epochs(
             stop,
             fault,
             ctx.rank,
-            progress=run.writer and sys.stderr.isatty(),
+            live,
         )
         if stopped_at is not None:
+            if live is not None:
+                live.end()
             policy.save(Position(epoch, stopped_at), progress, training, recorder.tracker.run_id)
             recorder.say(
                 f"SIGTERM: checkpointed at epoch {epoch + 1} step {stopped_at}; "
@@ -137,6 +176,8 @@ def train_epochs(
             return None
         wait_for_device(ctx.device)
         seconds = time.perf_counter() - t0
+        if live is not None:
+            live.end()  # outside the epoch's time; the device is idle: no wait
         train_peaks = memory.read_peaks(mem_devices, ctx)  # the training steps' alone
         memory.reset_peaks(mem_devices)
         if fault is not None:

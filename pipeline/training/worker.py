@@ -18,6 +18,7 @@ import torch.distributed as dist
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.errors import BAD_INPUT, ERROR_FILE_ENV, SIGTERM_EXIT, USER_ERROR_EXIT
+from pipeline.training.live import terminal_columns
 from pipeline.training.session import run
 
 
@@ -36,6 +37,7 @@ def main(strategy: str, overrides: list[str]) -> None:
 def train(strategy: str, overrides: list[str]) -> None:
     cfg = load_config("params.yaml", overrides)
     ctx = DistContext.from_env()
+    terminal = terminal_columns(os.environ, sys.stderr)  # the launcher's, not this pipe
     dist.init_process_group(
         ctx.backend,
         store=attempt_store(os.environ),
@@ -48,7 +50,7 @@ def train(strategy: str, overrides: list[str]) -> None:
     if ctx.on_cuda and ctx.world_size > 1:
         control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     try:
-        summary = run(cfg, strategy, ctx, control)
+        summary = run(cfg, strategy, ctx, control, terminal)
     finally:
         dist.destroy_process_group()
     if summary is None:

@@ -587,7 +587,7 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
                 wait_until(
                     lambda: (
                         running.poll() is not None
-                        or "train[single] epoch 1/500"
+                        or "train[single] epoch 1/500:"  # the epoch line, not a progress line
                         in container_logs(container(name, "pipeline-cpu"))
                     ),
                     timeout=300,

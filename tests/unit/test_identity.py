@@ -111,6 +111,7 @@ def test_the_identity_covers_the_trajectory_code_this_process_imported(tmp_path)
     first = run_identity(Config(), ddp.FACTS, 2, data, HW)
     cfg = Config()
     cfg.mlflow.experiment, cfg.devices, cfg.checkpoint.max_restarts = "other", "cpu", 3
+    cfg.report.log_every_s, cfg.mlflow.log_every_steps = None, 7  # what a run shows as it goes
     assert run_identity(cfg, ddp.FACTS, 2, data, HW).key == first.key  # nothing that shapes it
     cfg.train.lr = 0.2
     assert run_identity(cfg, ddp.FACTS, 2, data, HW).key != first.key

@@ -199,6 +199,15 @@ def test_each_strategy_declares_its_section_and_its_stage_depends_on_it_alone():
     assert not set(params) & set(strategies.NAMES)
 
 
+def test_what_a_stage_shows_as_it_runs_re_runs_no_stage():
+    """Progress lines and MLflow's step metrics change nothing a stage leaves behind: no
+    stage's params name them, alone or through their section."""
+    for stage in DVC["stages"]:
+        params = [p.split("#")[0].strip() for p in stage_body(stage).get("params", [])]
+        for key in ("report.log_every_s", "mlflow.log_every_steps"):
+            assert not [p for p in params if key == p or key.startswith(f"{p}.")], (stage, key)
+
+
 def test_config_is_a_leaf():
     """pipeline/config.py imports nothing from the project, not even for type checking: every
     other module may import it, and it can never close a circle."""

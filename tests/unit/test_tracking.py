@@ -1,7 +1,8 @@
 """The MLflow tracker against real (SQLite) stores: background pushes, statuses, timestamps,
-moving to another store, system metrics, and the comparison parent run."""
+step metrics, moving to another store, system metrics, and the comparison parent run."""
 
 import json
+import socket
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -94,6 +95,47 @@ def test_epochs_are_stamped_when_they_ended_not_when_they_were_pushed(tracker):
     tracker.publish([epoch(1, ended[0]), epoch(2, ended[1])])
     history = MlflowClient().get_metric_history(tracker.run_id, "test_acc")
     assert [m.timestamp for m in history] == [int(t * 1000) for t in ended]
+
+
+def test_step_metrics_reach_the_run_at_their_steps_before_its_final_status(tracker):
+    for step in (50, 100, 150):
+        tracker.log_steps_soon(step, {"step_train_loss": 1 / step}, 1_700_000_000_000 + step)
+    tracker.publish([epoch(1)], status="FINISHED")  # gives the queued points their moment
+    client = MlflowClient()
+    logged = client.get_metric_history(tracker.run_id, "step_train_loss")
+    assert [(m.step, m.value, m.timestamp) for m in logged] == [
+        (s, 1 / s, 1_700_000_000_000 + s) for s in (50, 100, 150)
+    ]
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "test_acc")] == [1]
+
+
+def test_step_metrics_never_wait_for_an_mlflow_that_is_away(tmp_path, monkeypatch, capsys):
+    from pipeline.tracking.step_metrics import QUEUED_AT_MOST, StepMetrics
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    steps = StepMetrics(lambda: "0" * 32)
+    for step in range(3 * QUEUED_AT_MOST):  # more than it keeps: the rest are dropped
+        steps.log_soon(step, {"step_train_loss": 1.0}, 0)
+    assert steps.queue.qsize() <= QUEUED_AT_MOST
+    for _ in range(2):
+        steps.flush(30.0)  # returns once the points were tried (refused at once here)
+        steps.log_soon(0, {"step_train_loss": 1.0}, 0)
+    steps.flush(30.0)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "MLflow step metrics not logged" in warnings[0]
+    assert steps.queue.qsize() == 0
+
+
+def test_step_metrics_wait_for_the_run_to_exist():
+    from pipeline.tracking.step_metrics import StepMetrics
+
+    steps = StepMetrics(lambda: None)  # the server was away at the start: no run yet
+    steps.log_soon(10, {"step_train_loss": 1.0}, 0)
+    steps.flush(30.0)  # dropped without a word, nothing sent anywhere
+    assert steps.queue.qsize() == 0 and not steps.warned
 
 
 def test_another_store_gets_the_whole_run_from_disk(tracker, tmp_path, monkeypatch):
