@@ -200,13 +200,13 @@ def test_two_nodes_train_the_same_model_as_one_node_with_two_processes(
     assert runs[0].data.params["train.epochs"] == str(TINY64["train"]["epochs"])
 
 
-def test_a_lost_node_stops_the_job_cleanly_and_a_rerun_resumes(
-    two_node_project, two_node_run, tmp_path
-):
+def test_a_lost_node_stops_the_job_cleanly_at_its_last_checkpoint(two_node_project, tmp_path):
+    """nnodes=2, not elastic: the survivor gives up after dist.join_timeout_s, saying where a
+    rerun resumes (a resumed run is bitwise the undisturbed one: test_reliability; resuming
+    after a lost node: the elastic test below)."""
     project, _ = two_node_project
     reset(project)
     uri = f"sqlite:///{project / 'lost-node.db'}"
-    epochs = TINY64["train"]["epochs"]
     # max_restarts > 0: the surviving node restarts its worker and waits for the lost node
     # to rejoin, for join_timeout_s; nnodes=2 (not elastic) forbids carrying on alone.
     retry = ("checkpoint.max_restarts=2", "dist.join_timeout_s=20")
@@ -235,18 +235,6 @@ def test_a_lost_node_stops_the_job_cleanly_and_a_rerun_resumes(
     assert (record["epoch"], record["step"]) == (1, 0), record
     assert "resume from epoch 2 step 0" in last
     assert not (project / "results/ddp/metrics.json").exists()
-
-    # the same command on every node again (a requeued job, recreated pods): resumes
-    with Nodes(project, 2, *retry, uri=uri) as rerun:
-        finish(rerun)
-    assert "resuming at epoch 2 step 0" in rerun.log(0) + rerun.log(1)
-    # bitwise: on the CPU a resumed run is exactly the undisturbed run of the same topology
-    assert max_diff(model_of(project), two_node_run.model) == 0.0
-    client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "test_acc")]
-    assert steps == list(range(1, epochs + 1))
 
 
 def test_an_elastic_job_that_loses_a_node_carries_on_with_fewer_processes(
