@@ -48,7 +48,6 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -57,19 +56,17 @@ from benchmarks.bench import flops_per_image, machine, peak
 from benchmarks.e2e import project_copy
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import DATA_DIR, FILES, TENSORS
-from pipeline.data.idx import write_idx_gz
+from pipeline.data.synthetic import write_synthetic
 from pipeline.strategies import NAMES
 from pipeline.strategies.balanced_dp import BalancedDataParallel
 from pipeline.strategies.replica_autocast import AutocastDataParallel
 from pipeline.training.final_model import plain_model
+from pipeline.training.identity import PER_WORLD_SIZE
 from pipeline.training.model import build_model
 from pipeline.training.precision import auto_choice, gpu_capability
 
 REPO = Path(__file__).resolve().parents[1]
 HARDWARE_FIELDS = ("devices", "kind", "count", "precision", "torch", "cuda")
-# what the identity keeps of a strategy that computes the same at any world size (ddp and
-# fsdp with SyncBN): its checkpoints resume on more or fewer devices of the same kind
-ANY_WORLD_SIZE_FIELDS = ("kind", "precision", "torch", "cuda")
 
 
 @dataclass(frozen=True)
@@ -97,21 +94,6 @@ def one_device(name: str, device: str) -> list[str]:
         "pipeline_parallel": ["pipeline_parallel.stages=2", "pipeline_parallel.nproc=1"],
     }
     return ["devices=0" if device == "cuda" else "devices=cpu", *per.get(name, [])]
-
-
-def synthetic_mirror(directory: Path, size: Size) -> Path:
-    """Fashion-MNIST-shaped IDX files whose class is a bright band in noise (learnable)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n, seed in (("train", size.train, 1), ("test", size.test, 2)):
-        rng = np.random.default_rng(seed)
-        labels = rng.integers(0, 10, size=n).astype(np.uint8)
-        images = rng.integers(0, 120, size=(n, 28, 28)).astype(np.uint8)
-        rows = 2 + 2 * labels[:, None] + np.arange(2)  # two rows per class
-        images[np.arange(n)[:, None], rows, 4:24] = 230
-        images_name, labels_name = FILES[split]
-        write_idx_gz(directory / images_name, images)
-        write_idx_gz(directory / labels_name, labels)
-    return directory
 
 
 def real_mirror() -> Path | None:
@@ -175,7 +157,9 @@ def check_runs(rows: dict[str, dict], expected: str, device: torch.device) -> li
     precision, memory, accuracy = [], [], []
     for row, found in rows.items():
         hardware, metrics = found["hardware"], found["metrics"]
-        fields = HARDWARE_FIELDS if found["world_size"] else ANY_WORLD_SIZE_FIELDS
+        # a strategy that computes the same at any world size (ddp, fsdp with SyncBN) is
+        # keyed without the device list and count: it resumes on more or fewer devices
+        fields = [f for f in HARDWARE_FIELDS if found["world_size"] or f not in PER_WORLD_SIZE]
         missing = [f for f in fields if f not in hardware]
         kind_ok = device.type != "cuda" or any(
             torch.cuda.get_device_name(device) in k for k in hardware.get("kind", [])
@@ -304,12 +288,13 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def independent_accuracy(project: Path, name: str, device: torch.device, precision: str) -> float:
+def independent_accuracy(
+    project: Path, name: str, device: torch.device, precision: str, tensors: dict
+) -> float:
     """The test accuracy of results/NAME/model.pt by this script's own evaluation loop, in the
     arithmetic the run evaluated in (its resolved precision, under autocast on a GPU)."""
     out = project / "results" / name
     model = plain_model(out).to(device)
-    tensors = torch.load(project / DATA_DIR / TENSORS, weights_only=True)
     n = yaml.safe_load((out / "config.yaml").read_text())["data"]["limit_test"]
     images, labels = tensors["test_images"][:n], tensors["test_labels"][:n]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -394,7 +379,8 @@ def main(argv: list[str] | None = None) -> dict:
         mirror = None if args.synthetic else real_mirror()
         data = "real Fashion-MNIST" if mirror else f"synthetic ({size.train}/{size.test} images)"
         if mirror is None:
-            mirror = synthetic_mirror(Path(tmp) / "mirror", size)
+            mirror = Path(tmp) / "mirror"
+            write_synthetic(mirror, size.train, size.test)
         else:
             common += [f"data.limit_train={size.train}", f"data.limit_test={size.test}"]
         project = project_copy(Path(tmp) / "project", mirror)
@@ -406,12 +392,13 @@ def main(argv: list[str] | None = None) -> dict:
             env["CUDA_VISIBLE_DEVICES"] = ""
         subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)
         print(f"gpu-check: data: {data}", flush=True)
+        tensors = torch.load(project / DATA_DIR / TENSORS, weights_only=True)
         for row, (strategy, overrides) in runs.items():
             seconds = train(project, env, strategy, overrides)
             found = gather(project, strategy)
             precision = found["hardware"]["precision"]
             found["independent_test_acc"] = independent_accuracy(
-                project, strategy, device, precision
+                project, strategy, device, precision, tensors
             )
             found["stage_seconds"] = seconds
             rows[row] = found

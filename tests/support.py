@@ -20,13 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import yaml
 
-from pipeline.data.download import md5sum
-from pipeline.data.fashion_mnist import FILES
-from pipeline.data.idx import write_idx_gz
+from pipeline.data.synthetic import write_synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -42,25 +39,9 @@ PROJECT_FILES = [
 ]
 
 
-def synthetic_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Noisy images whose class shows as a bright band, so a tiny model can learn it."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, size=n).astype(np.uint8)
-    images = rng.integers(0, 120, size=(n, 28, 28)).astype(np.uint8)
-    for i, label in enumerate(labels):
-        images[i, 2 + 2 * label : 4 + 2 * label, 4:24] = 230
-    return images, labels
-
-
 def write_raw(directory: Path, n_train: int = 512, n_test: int = 128) -> dict[str, str]:
     """Write the four IDX gz files; return their MD5s (file name -> sum)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n, seed in (("train", n_train, 1), ("test", n_test, 2)):
-        images, labels = synthetic_split(n, seed)
-        images_name, labels_name = FILES[split]
-        write_idx_gz(directory / images_name, images)
-        write_idx_gz(directory / labels_name, labels)
-    return {name: md5sum(directory / name) for pair in FILES.values() for name in pair}
+    return write_synthetic(directory, n_train, n_test)
 
 
 @dataclass

@@ -51,6 +51,10 @@ TRAJECTORY_CODE = (
 )
 
 
+# the hardware fields a strategy that computes the same at any world size leaves out
+PER_WORLD_SIZE = ("devices", "count")
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     params: dict[str, Any]
@@ -138,7 +142,7 @@ def run_identity(
         # a checkpoint resumes at another world size, resharded (a node lost under
         # dist.min_nnodes, or more GPUs)
         world = None
-        hardware = {k: v for k, v in hardware.items() if k not in ("devices", "count")}
+        hardware = {k: v for k, v in hardware.items() if k not in PER_WORLD_SIZE}
     return RunIdentity(
         json.loads(json.dumps(params, default=str)),
         facts.name,
