@@ -18,6 +18,10 @@ OVERRIDES_HELP = (
     "params.yaml values for this run only, e.g. train.epochs=2 model.width=8 "
     "(each key's default and meaning: --params SECTION)"
 )
+PARAMS_EPILOG = (
+    "params.yaml keys, each with its default and meaning (override any as key=value;\n"
+    "one section only: --params SECTION):\n\n"
+)
 PARAMS_HELP = (
     "print the default and meaning of every key of one params.yaml section "
     "(e.g. train, or a top-level key such as devices) and exit"
@@ -25,6 +29,16 @@ PARAMS_HELP = (
 
 
 class _Parser(argparse.ArgumentParser):
+    with_params = False  # end the help with every params.yaml key (parse_args' params_help)
+
+    def format_help(self) -> str:
+        # built only when help is shown: reading the config's docstrings from its source
+        # takes a noticeable part of a second, which every stage and worker would pay
+        if self.with_params:
+            self.epilog = f"{self.epilog}\n\n{PARAMS_EPILOG}{describe()}"
+            self.with_params = False
+        return super().format_help()
+
     def error(self, message: str) -> None:  # type: ignore[override]
         usage = " ".join(self.format_usage().split()[1:])  # one line, without the options
         usage = usage.replace("[-h] ", "").replace("[--params SECTION] ", "")
@@ -58,17 +72,13 @@ def parse_args(
     The help text is the module docstring, followed with `params_help` by every params.yaml
     key's default and meaning."""
     summary, _, details = (doc or "").strip().partition("\n\n")
-    if params_help:
-        details += (
-            "\n\nparams.yaml keys, each with its default and meaning (override any as "
-            "key=value;\none section only: --params SECTION):\n\n" + describe()
-        )
     parser = _Parser(
         prog=f"python -m {module}",
         description=summary,
         epilog=details,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.with_params = params_help
     if strategy_names:
         parser.add_argument(
             "strategy", metavar="STRATEGY", help=f"one of: {', '.join(strategy_names)}"

@@ -353,9 +353,9 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
 
     flavour = request.node.callspec.params["compose"]
     # Every kind of process layout in the container: one process (dp and balanced_dp are one
-    # too), several over gloo and shared memory (ddp; fsdp with sharded checkpoints), a stage
-    # per process. Each strategy's results are tested outside containers (every_strategy).
-    names = ["single", "ddp", "fsdp", "pipeline_parallel"]
+    # too), replicas over gloo and shared memory (ddp; fsdp is laid out alike), a stage per
+    # process. Each strategy's results are tested outside containers (every_strategy).
+    names = ["single", "ddp", "pipeline_parallel"]
     assert set(names) <= set(strategies.NAMES)
     if flavour == "v1":
         # The second implementation runs the same files through the same steps, with one
