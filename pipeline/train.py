@@ -16,26 +16,35 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Optional
 
 from pipeline.cli import parse_args
+from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
-from pipeline.strategies import NAMES
+from pipeline.strategies import NAMES, check_strategy
+
+
+def under_torchrun(env: Mapping[str, str]) -> bool:
+    """Whether this process is one of torchrun's workers (or the launcher before it)."""
+    return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
 
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES, params_help=True)
-    # Imported once the command line is read: torch and the training code take seconds to
-    # load, which --help and a mistyped strategy need not wait for.
-    from pipeline.training import launcher
-
-    if launcher.under_torchrun(os.environ):
+    # torch and the training code are imported only now: they take seconds to load, which
+    # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
+    if under_torchrun(os.environ):
         from pipeline.training import worker
 
         worker.main(args.strategy, args.overrides)
-    else:
-        sys.exit(launcher.launch(args.strategy, args.overrides))
+        return
+    check_strategy(args.strategy)
+    cfg = load_config("params.yaml", args.overrides)
+    from pipeline.training import launcher
+
+    sys.exit(launcher.launch(args.strategy, cfg, args.overrides))
 
 
 if __name__ == "__main__":

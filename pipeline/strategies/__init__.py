@@ -28,7 +28,11 @@ def check_names(names: Sequence[str], key: str = "strategies") -> None:
             raise UserError(f"{key}: unknown entry {name!r}, expected any of {', '.join(NAMES)}")
 
 
-def get(name: str) -> Strategy:
+def check_strategy(name: str) -> None:
     if name not in NAMES:
         raise UserError(f"strategy {name!r} is unknown; expected one of {', '.join(NAMES)}")
+
+
+def get(name: str) -> Strategy:
+    check_strategy(name)
     return cast("Strategy", importlib.import_module(f"{__name__}.{name}"))

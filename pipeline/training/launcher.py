@@ -19,12 +19,11 @@ import sys
 import tempfile
 import threading
 import types
-from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
-from pipeline.config import load_config
+from pipeline.config import Config
 from pipeline.data.fashion_mnist import train_samples
 from pipeline.errors import ERROR_FILE_ENV, USER_ERROR_EXIT, UserError, first_line
 from pipeline.results import CHECKPOINTS, RESULTS
@@ -45,11 +44,6 @@ from pipeline.training.topology import (
     torchrun_args,
     worker_overrides,
 )
-
-
-def under_torchrun(env: Mapping[str, str]) -> bool:
-    """Whether this process is one of torchrun's workers (or the launcher before it)."""
-    return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
 
 
 def torchrun_command(
@@ -79,11 +73,11 @@ def check_writable(directory: Path) -> None:
         ) from None
 
 
-def launch(name: str, overrides: list[str]) -> int:
-    """Validate, then run the strategy's workers under torchrun; torchrun's exit code, or 2
-    with one line for a user error found by a worker."""
+def launch(name: str, cfg: Config, overrides: list[str]) -> int:
+    """Validate the rest (`cfg`: params.yaml with `overrides`, already checked), then run the
+    strategy's workers under torchrun; torchrun's exit code, or 2 with one line for a user
+    error found by a worker."""
     strategy = strategies.get(name)
-    cfg = load_config("params.yaml", overrides)
     strategies.check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())
     parse_faults(os.environ.get(FAULT_ENV))
