@@ -4,7 +4,11 @@ fp32 training of this network is chaotic (a 1e-7 nudge to single's own weights c
 ~1e-2 in 10 steps at lr 0.1), so exact parity is checked in fp64, where every strategy below
 lands within 1e-14 of `single` after 10 optimizer steps from the same seed and global batch
 (pipeline with one chunk: bit-identical); the issue asks for 1e-5, the tests assert 1e-9.
-fp32 gets a loose check only.
+They run with gradient accumulation (2 micro-steps: DDP's no_sync, FSDP's unsharded
+accumulation and the pipeline's micro-batches all in play); the pipeline's one-chunk layouts
+also without. In fp32 the same runs end about 0.014 apart relative to how far training moved
+the weights (single on 2 threads vs 1 thread differs as much): chaos, not a fault, so fp32
+is not compared; its bf16 mixed precision is checked to train.
 
 The runs are shared between tests (module-scoped) and grouped by setting; each group trains
 in its own project copy (own results/ and MLflow store), and the groups run side by side.
@@ -20,7 +24,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pipeline.training.model import build_model
 from support import make_project, run, tiny_params
 
 WIDTH, SEED = 8, 0
@@ -44,8 +47,6 @@ ONE_CHUNK = ["pipeline_parallel.microbatches=1"]  # BatchNorm over the whole bat
 RUNS = {
     "fp64": [
         ("single", "single", FP64),
-        ("ddp", "ddp", FP64),
-        ("fsdp", "fsdp", FP64),
         ("pipeline_parallel", "pipeline_parallel", [*FP64, *ONE_CHUNK]),
         # both stages in one process, as on a machine with one GPU (a looped schedule)
         (
@@ -78,20 +79,12 @@ RUNS = {
             ],
         ),
     ],
-    # ddp is left out here to save a run: in fp32 it ends exactly where fsdp does (0.014)
     "fp32": [
         ("single", "single", TEN_STEPS),
-        ("fsdp", "fsdp", TEN_STEPS),
-        ("pipeline_parallel", "pipeline_parallel", [*TEN_STEPS, *ONE_CHUNK]),
         ("fsdp_bf16", "fsdp", [*TEN_STEPS, "fsdp.mixed_precision=bf16"]),
     ],
 }
 FP64_BOUND = 1e-9
-# fp32: distance from single / distance single's weights moved in training (all float params
-# and buffers). Measured: pipeline (1 chunk) 0, fsdp and ddp 0.014, i.e. chaos; for scale,
-# single on 2 threads vs 1 thread is also 0.014, fsdp bf16 0.12, and pipeline with 4 chunks
-# (BatchNorm per chunk, another computation) 0.51. Loose on purpose: it shows the same training.
-FP32_RELATIVE_BOUND = 0.05
 
 
 @dataclass
@@ -142,24 +135,6 @@ def test_fp64_matches_single(trained, group, label):
     diff = max_abs_diff(runs["single"].state, runs[label].state)
     print(f"{group} {label}: max |param/buffer - single| = {diff:.3g}")
     assert diff < FP64_BOUND
-
-
-def floats(state: dict) -> torch.Tensor:
-    return torch.cat([v.double().flatten() for v in state.values() if v.is_floating_point()])
-
-
-@pytest.mark.parametrize("label", ["fsdp", "pipeline_parallel"])
-def test_fp32_lands_near_single(trained, label):
-    single, other = trained["fp32"]["single"].state, trained["fp32"][label].state
-    initial = build_model(WIDTH, SEED).state_dict()
-    relative = (
-        (floats(other) - floats(single)).norm() / (floats(single) - floats(initial)).norm()
-    ).item()
-    print(
-        f"fp32 {label}: |w - w_single| / |w_single - w_initial| = {relative:.3g}, "
-        f"max |param/buffer - single| = {max_abs_diff(single, other):.3g}"
-    )
-    assert relative < FP32_RELATIVE_BOUND
 
 
 def test_fsdp_bf16_trains(trained):
