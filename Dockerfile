@@ -71,7 +71,7 @@ sys.exit(0 if have == pins else f'BASE_IMAGE has {have}, requirements.lock pins 
 
 # The project itself, dependencies already in place; the base's setuptools (torch needs
 # >= 77) builds it, so nothing unpinned is downloaded for the build.
-COPY pyproject.toml README.md /tmp/parallel-lab/
+COPY pyproject.toml README.md LICENSE /tmp/parallel-lab/
 COPY pipeline /tmp/parallel-lab/pipeline
 RUN python -m pip install --no-deps --no-build-isolation /tmp/parallel-lab \
     && rm -rf /tmp/parallel-lab

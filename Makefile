@@ -51,7 +51,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml $(if $(SWITCH_CUDA),FORCE)
 	@$(CHECK_TORCH_CUDA)
 	@$(PREREQS)
 	$(if $(SWITCH_CUDA),python3 -m venv --clear $(VENV),test -x $(PY) || python3 -m venv $(VENV))
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(shell grep -E '^pip==' requirements.lock)
 	$(INSTALL_$(TORCH_CUDA))
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	echo $(TORCH_CUDA) > $@
@@ -120,7 +120,7 @@ ui: install  ## MLflow UI on the embedded store: http://127.0.0.1:5000
 lock:  ## re-resolve requirements.lock from pyproject.toml's pins
 	rm -rf .lock-venv && python3 -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet -e '.[test]'
-	.lock-venv/bin/pip freeze --exclude-editable | grep -v '^parallel-lab' > requirements.lock
+	.lock-venv/bin/pip freeze --all --exclude-editable | grep -v '^parallel-lab' > requirements.lock
 	rm -rf .lock-venv
 
 docker-setup: install  ## Docker for the container tests: engine, pinned tools, stand-in base images (root: apt, dockerd)
