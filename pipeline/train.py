@@ -26,7 +26,7 @@ from pipeline.strategies import NAMES, check_strategy
 
 
 def under_torchrun(env: Mapping[str, str]) -> bool:
-    """Whether this process is one of torchrun's workers (or the launcher before it)."""
+    """Whether this process is one of torchrun's workers, not the launcher that starts them."""
     return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
 
 

@@ -4,11 +4,13 @@ fp32 training of this network is chaotic (a 1e-7 nudge to single's own weights c
 ~1e-2 in 10 steps at lr 0.1), so exact parity is checked in fp64, where every strategy below
 lands within 1e-14 of `single` after 10 optimizer steps from the same seed and global batch
 (pipeline with one chunk: bit-identical); the issue asks for 1e-5, the tests assert 1e-9.
-They run with gradient accumulation (2 micro-steps: DDP's no_sync, FSDP's unsharded
-accumulation and the pipeline's micro-batches all in play); the pipeline's one-chunk layouts
-also without. In fp32 the same runs end about 0.014 apart relative to how far training moved
-the weights (single on 2 threads vs 1 thread differs as much): chaos, not a fault, so fp32
-is not compared; its bf16 mixed precision is checked to train.
+ddp, fsdp and pipeline_parallel run with gradient accumulation (2 micro-steps: DDP's no_sync,
+FSDP's unsharded accumulation and the pipeline's micro-batches in play), against `single`
+with the same; without it run the pipeline's one-chunk layouts, and dp and balanced_dp (one
+device on the CPU, so they run unsplit). In fp32 the same runs end about 0.014 apart
+relative to how far training moved the weights (single on 2 threads vs 1 thread differs as
+much): chaos, not a fault, so fp32 is not compared; its bf16 mixed precision is checked to
+train.
 
 The runs are shared between tests (module-scoped) and grouped by setting; each group trains
 in its own project copy (own results/ and MLflow store), and the groups run side by side.
@@ -47,6 +49,9 @@ ONE_CHUNK = ["pipeline_parallel.microbatches=1"]  # BatchNorm over the whole bat
 RUNS = {
     "fp64": [
         ("single", "single", FP64),
+        # DataParallel has one device here: it runs unsplit, the replica is the model itself
+        ("dp", "dp", FP64),
+        ("balanced_dp", "balanced_dp", [*FP64, "balanced_dp.gpu0_bsz=2"]),
         ("pipeline_parallel", "pipeline_parallel", [*FP64, *ONE_CHUNK]),
         # both stages in one process, as on a machine with one GPU (a looped schedule)
         (
@@ -160,6 +165,29 @@ def test_pipeline_notes_record_the_split_and_batchnorm(trained):
     looped = trained["fp64"]["pipeline_parallel_1proc"].metrics
     assert looped["world_size"] == 1 and looped["devices"] == ["cpu"]
     assert any("2 stages on 1 process: no overlap" in note for note in looped["notes"])
+
+
+@pytest.mark.parametrize("label", ["dp", "balanced_dp"])
+def test_data_parallel_runs_unsplit_on_the_cpu_and_says_so(trained, label):
+    metrics = trained["fp64"][label].metrics
+    assert metrics["strategy"] == label and metrics["devices"] == ["cpu"]
+    assert metrics["batch_split"] == [32]  # the whole micro-batch on the one device
+    assert any("runs unsplit" in note for note in metrics["notes"])
+
+
+def test_gpu0_bsz_above_the_micro_batch_exits_2_with_one_line(fetched_template):
+    proc = run(
+        fetched_template,
+        "python",
+        "-m",
+        "pipeline.train",
+        "balanced_dp",
+        "balanced_dp.gpu0_bsz=999",
+        check=False,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "balanced_dp.gpu0_bsz" in lines[0] and "999" in lines[0], lines
 
 
 def test_pipeline_stages_beyond_blocks_exit_2(fetched_template):
