@@ -69,8 +69,8 @@ have = {n: m.version(n).split('+')[0] for n in pins}; \
 sys.exit(0 if have == pins else f'BASE_IMAGE has {have}, requirements.lock pins {pins}')" \
     && rm /tmp/requirements.txt /tmp/requirements.lock
 
-# The project itself, dependencies already in place; the base's setuptools (torch needs
-# >= 77) builds it, so nothing unpinned is downloaded for the build.
+# The project itself, dependencies already in place; the lock's setuptools (installed above)
+# builds it, so nothing unpinned is downloaded for the build.
 COPY pyproject.toml README.md LICENSE /tmp/parallel-lab/
 COPY pipeline /tmp/parallel-lab/pipeline
 RUN python -m pip install --no-deps --no-build-isolation /tmp/parallel-lab \

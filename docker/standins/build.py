@@ -65,9 +65,9 @@ DEBIAN_PACKAGES = [
     "python-is-python3",
     "ca-certificates",
 ]
-# torch 2.14.1 requires setuptools>=77.0.3 and the lock (a pip freeze) leaves setuptools out;
-# this is the version the project's own venv resolves to.
-SETUPTOOLS = "setuptools==84.2.1"
+# What the PyTorch stand-in installs, at requirements.lock's versions: torch, torchvision and
+# the setuptools torch needs at run time (>= 77.0.3).
+STANDIN_TORCH = ("torch", "torchvision", "setuptools")
 IMAGE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG": "C.UTF-8",
@@ -244,12 +244,12 @@ def image_exists(tag: str) -> bool:
     return ok("docker", "image", "inspect", tag)
 
 
-def torch_stack_pins() -> list[str]:
-    """torch and torchvision as requirements.lock pins them."""
+def lock_pins(*names: str) -> list[str]:
+    """`name==version` for each of `names` as requirements.lock pins it, in that order."""
     lock = (REPO / "requirements.lock").read_text()
-    pins = re.findall(r"^(?:torch|torchvision)==\S+$", lock, re.M)
-    if len(pins) != 2:
-        raise RuntimeError(f"requirements.lock: expected torch and torchvision pins, got {pins}")
+    pins = [pin for name in names for pin in re.findall(rf"^{name}==\S+$", lock, re.M)]
+    if len(pins) != len(names):
+        raise RuntimeError(f"requirements.lock: expected pins of {', '.join(names)}, got {pins}")
     return pins
 
 
@@ -317,13 +317,11 @@ def rootfs_of(image: str, dest: Path) -> None:
 
 
 def stage_torch(stage: Path, work: Path) -> None:
-    """torch + torchvision and their dependency closure (CUDA wheels included), resolved
+    """STANDIN_TORCH and its dependency closure (CUDA wheels included), resolved
     against requirements.lock by the host's pip and unpacked into the layout of Debian's
     /usr/local. The host pip does the unpacking, concurrently with debootstrap."""
     wheels = work / "wheels"
-    constraints = work / "constraints.txt"
-    constraints.write_text((REPO / "requirements.lock").read_text() + SETUPTOOLS + "\n")
-    log(f"pip download {' '.join(torch_stack_pins())} (with their CUDA wheels)")
+    log(f"pip download {' '.join(lock_pins(*STANDIN_TORCH))} (with their CUDA wheels)")
     sh(
         sys.executable,
         "-m",
@@ -333,9 +331,8 @@ def stage_torch(stage: Path, work: Path) -> None:
         "-d",
         wheels,
         "-c",
-        constraints,
-        *torch_stack_pins(),
-        SETUPTOOLS,
+        REPO / "requirements.lock",
+        *lock_pins(*STANDIN_TORCH),
     )
     site = stage / "usr/local/lib/python3.11/dist-packages"
     log("unpacking the torch stack")
@@ -386,12 +383,10 @@ def image_tags() -> dict[str, str]:
         inspect.getsource(debootstrap),
         inspect.getsource(docker_import),
     )
-    torch_key = recipe_hash(
-        base_key, torch_stack_pins(), SETUPTOOLS, inspect.getsource(stage_torch)
-    )
+    torch_key = recipe_hash(base_key, lock_pins(*STANDIN_TORCH), inspect.getsource(stage_torch))
     pg_files = sorted(p for p in (HERE / "postgres").rglob("*") if p.is_file())
     pg_key = recipe_hash(base_key, [(p.name, file_sha(p)) for p in pg_files])
-    torch_version = torch_stack_pins()[0].split("==")[1]
+    torch_version = lock_pins("torch")[0].split("==")[1]
     tags = {
         "debian": f"parallel-lab-standin/debian:{DEBIAN_SUITE}-{base_key}",
         "python": f"parallel-lab-standin/python:3.11-slim-{base_key}",
