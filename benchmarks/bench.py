@@ -225,7 +225,7 @@ class ProjectRow:
 
     def close(self) -> None:
         if self.tracker is not None:
-            self.tracker.stop_system_metrics()
+            self.tracker.close()
             self.tracker.publish(self.history, status="FINISHED")
 
 

@@ -171,7 +171,18 @@ def run(
             f"{' '.join(args)} exited {proc.returncode}\n"
             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         )
+    assert_torn_down(proc.stdout + proc.stderr)
     return proc
+
+
+# what a worker says when a process group's threads survived its teardown (worker.py)
+LEFT_THREADS = "outlived the process group"
+
+
+def assert_torn_down(output: str) -> None:
+    """Every worker of every run a test starts exits in order: no process group's thread
+    outlives the group (pipeline/training/worker.py `exit_cleanly`)."""
+    assert LEFT_THREADS not in output, output[-4000:]
 
 
 def dvc(project: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -216,6 +227,7 @@ class Background:
         code = self.proc.wait(timeout=timeout)
         gone, alive = psutil.wait_procs(self._tree, timeout=timeout)
         assert not alive, f"still running after {timeout} s: {alive}"
+        assert_torn_down(self.output())
         return code
 
     def signal_group(self, signum: int) -> None:

@@ -101,6 +101,10 @@ class _Run:
     params: Mapping[str, Any] = field(default_factory=dict)
     # a setting still to decide before the first step; the settled run has none
     tuned: Optional[Tuned] = None
+    # drops what the strategy keeps of its process groups beyond the model (a DeviceMesh's
+    # registry, which torch's global DTensor caches keep alive), so that destroying the groups
+    # frees them and joins their threads (pipeline/training/worker.py `exit_cleanly`)
+    release: Callable[[], None] = lambda: None
 
     def state_dict(self) -> dict:
         if self.full_state_dict is not None:

@@ -81,7 +81,8 @@ def parallelize(
 ) -> DataParallelRun:
     if options.sync_bn:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
-    shard(model, init_device_mesh(ctx.device.type, (ctx.world_size,)), options.mixed_precision)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    shard(model, mesh, options.mixed_precision)
 
     sharded = cast(FSDPModule, model)  # fully_shard made the model an FSDPModule in place
 
@@ -116,4 +117,7 @@ def parallelize(
         full_state_dict=full_state_dict,
         notes=tuple(notes),
         before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
+        # the mesh holds its groups in a registry of its own (torch 2.14), and DTensor's
+        # sharding caches hold the mesh for the life of the process
+        release=mesh._pg_registry.clear,
     )

@@ -80,7 +80,7 @@ class NullTracker:
     ) -> None:
         pass
 
-    def stop_system_metrics(self) -> None:
+    def close(self) -> None:
         pass
 
 
@@ -231,10 +231,13 @@ class Tracker:
                 flush=True,
             )
 
-    def stop_system_metrics(self) -> None:
+    def close(self) -> None:
+        """End the run's threads in this process: the system-metrics sampler (its last sample
+        logged) and the step metrics' sender (what is queued sent first)."""
         if self._monitor is not None:
             publish_final_sample(self._monitor)
             self._monitor = None
+        self._steps.close(STEP_METRICS_FLUSH_S)
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pipeline.tracking import store
 
 QUEUED_AT_MOST = 1000  # points waiting to be sent; later ones are dropped until there is room
 Point = tuple[int, dict[str, float], int]  # (MLflow step, metrics, Unix time in ms)
+STOP = threading.Event()  # queued by `close`: the thread sends what came before it and ends
 
 
 class StepMetrics:
@@ -49,6 +50,15 @@ class StepMetrics:
         self.queue.put(sent)
         sent.wait(wait_s)
 
+    def close(self, wait_s: float) -> None:
+        """Send what is queued and end the thread, waiting for it up to `wait_s` seconds (a
+        thread still inside a call to a hung server is left to the process's exit)."""
+        if self.thread is None:
+            return
+        self.queue.put(STOP)
+        self.thread.join(wait_s)
+        self.thread = None
+
     def _send(self) -> None:
         client = None
         while True:
@@ -60,6 +70,9 @@ class StepMetrics:
                     break
             batch: list[Point] = []
             for item in items:
+                if item is STOP:
+                    self._log(client, batch)
+                    return
                 if isinstance(item, threading.Event):  # a flush: what came before it, now
                     client = self._log(client, batch)
                     batch = []

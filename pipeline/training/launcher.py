@@ -25,7 +25,16 @@ from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config
 from pipeline.data.fashion_mnist import train_samples
-from pipeline.errors import ERROR_FILE_ENV, USER_ERROR_EXIT, UserError, first_line
+from pipeline.errors import (
+    ERROR_FILE_ENV,
+    FAILURE_EXIT,
+    OUTCOME_FILE_ENV,
+    STOPPED_EXIT,
+    USER_ERROR_EXIT,
+    Outcome,
+    UserError,
+    first_line,
+)
 from pipeline.results import CHECKPOINTS, RESULTS
 from pipeline.tracking.mlflow_run import FAILED, KILLED
 from pipeline.tracking.publish import publish_strategy
@@ -75,8 +84,8 @@ def check_writable(directory: Path) -> None:
 
 def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     """Validate the rest (`cfg`: params.yaml with `overrides`, already checked), then run the
-    strategy's workers under torchrun; torchrun's exit code, or 2 with one line for a user
-    error found by a worker."""
+    strategy's workers under torchrun; the stage's exit code (`stage_exit`), with one line for
+    a user error found by a worker."""
     strategy = strategies.get(name)
     strategies.check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())
@@ -89,12 +98,15 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     for directory in (RESULTS / name, CHECKPOINTS / name):
         check_writable(directory)
     plan.drawing_from(train_samples(cfg.data.limit_train))  # the data is there, and holds a batch
-    with tempfile.NamedTemporaryFile(prefix="parallel-lab-error-", suffix=".txt") as error_file:
+    with tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp:
+        error_file, outcome_file = Path(tmp) / "error.txt", Path(tmp) / "outcome"
+        error_file.touch()
         # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine.
         env = {
             **os.environ,
             "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-            ERROR_FILE_ENV: error_file.name,
+            ERROR_FILE_ENV: str(error_file),
+            OUTCOME_FILE_ENV: str(outcome_file),
         }
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         # the workers write to a pipe: whether the stage's output is a terminal is this
@@ -108,20 +120,57 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
         if topology.multi_node:
             where += f", this node of {topology.nnodes}"
         print(f"launch[{name}]: {nproc} process(es) on {where}: {shlex.join(cmd[1:])}", flush=True)
-        code, stopped = run_forwarding_signals(cmd, env, Path(error_file.name))
-        user_error = Path(error_file.name).read_text().strip()
-    if code != 0:
-        # a stop someone asked for, or a failure (torchrun also stops the surviving workers
-        # of a failed job with SIGTERM: that is not a stop to resume from)
-        settle_run(name, KILLED if stopped else FAILED, cfg.mlflow.log_model)
-    if code != 0 and user_error:
+        code, signalled = run_forwarding_signals(cmd, env, error_file)
+        user_error = error_file.read_text().strip()
+        outcome = read_outcome(outcome_file)
+    exit_code = stage_exit(code, signalled, outcome, bool(user_error))
+    if exit_code not in (0, STOPPED_EXIT):
+        # a stop someone asked for that came before a checkpoint, or a failure (torchrun also
+        # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
+        settle_run(name, KILLED if signalled else FAILED, cfg.mlflow.log_model)
+    if user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT
-    if code != 0 and topology.multi_node:
+    elif exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
         found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
         at = (found[0].epoch, found[0].step) if found else None
-        print(f"error: {lost_node_hint(name, code, topology, at)}", file=sys.stderr, flush=True)
-    return code
+        if topology.multi_node:
+            print(f"error: {lost_node_hint(name, code, topology, at)}", file=sys.stderr, flush=True)
+        else:
+            print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
+    return exit_code
+
+
+def read_outcome(path: Path) -> Outcome | None:
+    """What the run's writer said of how it ended, if it got that far."""
+    try:
+        return Outcome(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def stage_exit(
+    torchrun_code: int, signalled: bool, outcome: Outcome | None, user_error: bool
+) -> int:
+    """The stage's exit code (pipeline/errors.py lists them) from torchrun's, whether this
+    process forwarded a stop signal to it, the writer's outcome and a worker's user error.
+    torchrun exits non-zero whenever it forwarded a signal, whatever its workers did then."""
+    if user_error:
+        return USER_ERROR_EXIT
+    if torchrun_code == 0 or (signalled and outcome is Outcome.FINISHED):
+        return 0
+    if outcome is Outcome.STOPPED:
+        return STOPPED_EXIT
+    # a crash; also a rank that died after the writer finished, and a stop whose checkpoint
+    # did not happen (the grace period ran out)
+    return FAILURE_EXIT
+
+
+def unsaved_stop_hint(name: str, at: tuple[int, int] | None) -> str:
+    where = f"epoch {at[0] + 1} step {at[1]}" if at else "the start"
+    return (
+        f"train[{name}]: stopped by a signal before it could checkpoint; the next run of "
+        f"this stage resumes from {where}"
+    )
 
 
 def settle_run(name: str, status: str, log_model: bool) -> None:

@@ -164,7 +164,7 @@ class RunRecorder:
         return summary
 
     def close(self) -> None:
-        self.tracker.stop_system_metrics()
+        self.tracker.close()
 
     def summary(self) -> RunSummary:
         history, run = self.history, self.training.run

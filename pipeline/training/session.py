@@ -13,6 +13,7 @@ where it resumes the policy's (checkpoint_policy.py), one step of training the l
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,15 @@ from pipeline.training.recorder import RunRecorder, writer_log
 from pipeline.training.tuning import settle
 
 
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended in this process: its summary (None: a SIGTERM stopped it at a
+    checkpoint) and whether this process is the run's writer, the one that tells."""
+
+    summary: RunSummary | None
+    writer: bool
+
+
 def job_plan(train: TrainConfig, facts: StrategyFacts, n_train: int, world_size: int) -> BatchPlan:
     """The batch plan of a job of `world_size` processes: over every rank where the strategy
     is data-parallel, else as one process trains it."""
@@ -58,8 +68,8 @@ def run(
     ctx: DistContext,
     control_group: dist.ProcessGroup | None = None,
     terminal_columns: int | None = None,
-) -> RunSummary | None:
-    """Train one strategy to the end (or to a SIGTERM checkpoint: then None is returned).
+) -> RunEnd:
+    """Train one strategy to the end (or to a SIGTERM checkpoint: then the summary is None).
     `terminal_columns`: the width of the terminal the stage's output goes to, if it does
     (live.terminal_columns): the writer then shows a bar instead of progress lines."""
     if ctx.device.type == "cuda":
@@ -99,11 +109,12 @@ def run(
             cfg, training, data, ctx, policy, progress, recorder, stop, fault, live
         )
         ok = True
-        return summary
+        return RunEnd(summary, training.run.writer)
     finally:
         recorder.close()
         if not ok:
             recorder.failed()
+        training.run.release()  # the strategy's own hold on its process groups
 
 
 def live_progress(

@@ -1,40 +1,60 @@
-"""One torchrun worker: its process group, then the training session.
+"""One torchrun worker: its process group, the training session, then an orderly exit.
 
 The distributed state comes from torchrun's environment once, here (`DistContext.from_env`:
 RANK, LOCAL_RANK, WORLD_SIZE, the visible GPUs) and is passed down explicitly.
+
+The exit happens in a fixed order: the session joins its own threads (MLflow's), the process
+groups are destroyed, what still refers to them is freed, and only when no communication
+thread is left does the interpreter shut down (`exit_cleanly`).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import cast
+from typing import NoReturn, cast
 
 import torch.distributed as dist
 
 from pipeline.config import load_config
 from pipeline.context import DistContext
-from pipeline.errors import BAD_INPUT, ERROR_FILE_ENV, SIGTERM_EXIT, USER_ERROR_EXIT
+from pipeline.errors import (
+    BAD_INPUT,
+    ERROR_FILE_ENV,
+    OUTCOME_FILE_ENV,
+    SIGTERM_EXIT,
+    USER_ERROR_EXIT,
+    Outcome,
+)
+from pipeline.files import atomic_write
 from pipeline.training.live import terminal_columns
 from pipeline.training.session import run
 
+TASKS = Path("/proc/self/task")
+# Name prefixes of the threads a gloo process group runs (its work loop and its transport's
+# event loop): they exist for as long as the group object does.
+COMM_THREADS = ("pt_gloo", "gloo_")
 
-def main(strategy: str, overrides: list[str]) -> None:
+
+def main(strategy: str, overrides: list[str]) -> NoReturn:
     try:
-        train(strategy, overrides)
+        code = train(strategy, overrides)
     except BAD_INPUT as err:
         # torchrun turns any worker exit into its own code 1; leave the line for the launcher
         if os.environ.get(ERROR_FILE_ENV):
             Path(os.environ[ERROR_FILE_ENV]).write_text(str(err))
         else:
             print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(USER_ERROR_EXIT)
+        code = USER_ERROR_EXIT
+    exit_cleanly(code)
 
 
-def train(strategy: str, overrides: list[str]) -> None:
+def train(strategy: str, overrides: list[str]) -> int:
+    """Train, and tell the launcher how it ended (the writer's outcome); the exit code."""
     cfg = load_config("params.yaml", overrides)
     ctx = DistContext.from_env()
     terminal = terminal_columns(os.environ, sys.stderr)  # the launcher's, not this pipe
@@ -50,11 +70,53 @@ def train(strategy: str, overrides: list[str]) -> None:
     if ctx.on_cuda and ctx.world_size > 1:
         control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     try:
-        summary = run(cfg, strategy, ctx, control, terminal)
+        end = run(cfg, strategy, ctx, control, terminal)
     finally:
         dist.destroy_process_group()
-    if summary is None:
-        sys.exit(SIGTERM_EXIT)
+    outcome = Outcome.STOPPED if end.summary is None else Outcome.FINISHED
+    if end.writer and os.environ.get(OUTCOME_FILE_ENV):
+        atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), outcome.value)
+    return SIGTERM_EXIT if outcome is Outcome.STOPPED else 0
+
+
+def exit_cleanly(code: int) -> NoReturn:
+    """Exit once the destroyed process groups are gone with their threads.
+
+    A gloo group's threads end only when the group object is freed, and after each collective
+    its thread drops the finished work, and the tensors it holds, a moment after the caller
+    has moved on. Where the interpreter is already shutting down by then, freeing a tensor
+    Python owned ends that thread inside a C++ destructor and the process aborts ("terminate
+    called without an active exception", SIGABRT) after its work was done. Here the group
+    is freed first: the run's modules sit in reference cycles (the collection frees them; the
+    strategies' `Run.release` dropped what global caches keep), and freeing a group joins its
+    threads. Should one survive, the process leaves without the interpreter's shutdown, where
+    that thread can do no harm, and says so."""
+    gc.collect()
+    left = comm_threads()
+    if left:
+        print(
+            f"warning: {len(left)} communication thread(s) ({', '.join(sorted(set(left)))}) "
+            "outlived the process group; exiting without interpreter shutdown",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def comm_threads(tasks: Path = TASKS) -> list[str]:
+    """The names of this process's threads that belong to a process group ([] where the
+    system does not list threads)."""
+    names = []
+    for comm in tasks.glob("*/comm"):
+        try:
+            name = comm.read_text().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if name.startswith(COMM_THREADS):
+            names.append(name)
+    return names
 
 
 def attempt_store(env: Mapping[str, str]) -> dist.Store:

@@ -53,7 +53,7 @@ def test_background_syncs_then_the_final_one_deliver_every_epoch_once(tracker):
 def test_a_run_shorter_than_the_sampling_interval_still_gets_system_metrics(tracker):
     # MLflow publishes only whole sampling windows; the tracker logs the open one at the end
     tracker.start_system_metrics(60.0, gpu_uuids=None, resume=False)
-    tracker.stop_system_metrics()
+    tracker.close()
     tracker.publish([], status="FINISHED")
     run = MlflowClient().get_run(tracker.run_id)
     assert "system/cpu_utilization_percentage" in run.data.metrics

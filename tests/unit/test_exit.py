@@ -1,0 +1,87 @@
+"""How a train stage ends: its exit code per outcome, and the orderly exit of its workers
+(pipeline/training/launcher.py `stage_exit`, pipeline/training/worker.py)."""
+
+import itertools
+
+import pytest
+
+from pipeline.errors import FAILURE_EXIT, STOPPED_EXIT, USER_ERROR_EXIT, Outcome
+from pipeline.training.launcher import read_outcome, stage_exit
+from pipeline.training.worker import comm_threads
+
+OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
+
+
+def expected(code: int, signalled: bool, outcome: Outcome | None, user_error: bool) -> int:
+    if user_error:
+        return USER_ERROR_EXIT
+    if code == 0:
+        return 0
+    if signalled and outcome is Outcome.FINISHED:
+        return 0  # torchrun's non-zero code only says it forwarded the signal
+    if outcome is Outcome.STOPPED:
+        return STOPPED_EXIT
+    return FAILURE_EXIT
+
+
+@pytest.mark.parametrize(
+    "code, signalled, outcome, user_error",
+    list(itertools.product((0, 1, -6, 143), (False, True), OUTCOMES, (False, True))),
+)
+def test_every_outcome_has_its_own_exit_code(code, signalled, outcome, user_error):
+    assert stage_exit(code, signalled, outcome, user_error) == expected(
+        code, signalled, outcome, user_error
+    )
+
+
+def test_the_codes_are_distinct_and_none_is_a_signal_death():
+    codes = {0, FAILURE_EXIT, USER_ERROR_EXIT, STOPPED_EXIT}
+    assert len(codes) == 4
+    assert all(c < 128 for c in codes)  # a shell reports 128 + N for a death by signal N
+
+
+def test_a_rank_that_died_after_the_writer_finished_is_a_failure():
+    """The abort at exit this project once had: results written, then a rank crashed. No
+    signal came, so the crash is reported, not hidden."""
+    assert stage_exit(1, False, Outcome.FINISHED, False) == FAILURE_EXIT
+
+
+def test_outcome_file(tmp_path):
+    path = tmp_path / "outcome"
+    assert read_outcome(path) is None  # the writer never got that far
+    path.write_text("stopped")
+    assert read_outcome(path) is Outcome.STOPPED
+    path.write_text("half-writ")
+    assert read_outcome(path) is None
+
+
+def test_comm_threads_names_only_a_process_groups_threads(tmp_path):
+    for tid, name in enumerate(["python", "pt_gloo_runloop", "gloo_tcp_loop", "pt_autograd_0"]):
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "comm").write_text(name + "\n")
+    (tmp_path / "9").mkdir()  # a thread that ended while the directory was read
+    assert sorted(comm_threads(tmp_path)) == ["gloo_tcp_loop", "pt_gloo_runloop"]
+
+
+def test_this_process_has_no_comm_threads():
+    assert comm_threads() == []
+
+
+def test_closing_the_step_metrics_sends_what_is_queued_and_ends_its_thread(monkeypatch):
+    from pipeline.tracking import step_metrics
+
+    sent = []
+
+    class Client:
+        def log_batch(self, run_id, metrics):
+            sent.extend((m.step, m.key) for m in metrics)
+
+    monkeypatch.setattr(step_metrics.store, "client", Client)
+    steps = step_metrics.StepMetrics(lambda: "run")
+    for step in (1, 2, 3):
+        steps.log_soon(step, {"step_train_loss": 1.0}, 0)
+    thread = steps.thread
+    steps.close(30.0)
+    assert not thread.is_alive()
+    assert sent == [(1, "step_train_loss"), (2, "step_train_loss"), (3, "step_train_loss")]
+    assert steps.thread is None
