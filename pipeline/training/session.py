@@ -202,6 +202,7 @@ def train_epochs(
             wall_seconds=time.perf_counter() - start,
             ended_at=time.time(),
             warmup=warmup,
+            resumed_at_step=first_step,
             memory=memory.epoch_metrics(*peaks),
         )
         history.append(row)  # before the save: the checkpoint's record holds this epoch
