@@ -44,9 +44,16 @@ class EpochRow:
     train_acc: float
     test_loss: float
     test_acc: float
-    epoch_seconds: float  # training only (the steps this process ran), device synchronised
+    # training only, device synchronised: every step of the epoch, those an earlier process
+    # ran before a SIGTERM included (its checkpoint carries their seconds); after a kill,
+    # the steps redone count once, the killed attempt's time not at all
+    epoch_seconds: float
     samples_per_s: float  # the samples of those steps / epoch_seconds
-    wall_seconds: float  # since training began (a resumed run goes on counting)
+    # training seconds since the run began, across its processes: a resume goes on from the
+    # seconds its checkpoint recorded (a SIGTERM's: up to the stop); a process's start-up and
+    # the time between a stop and the resume are not counted, nor, after a kill, the time
+    # since the last checkpoint
+    wall_seconds: float
     ended_at: float = 0.0  # Unix time the epoch ended: its metrics' timestamp in MLflow
     # The first epoch its process ran, started fresh or resumed (possibly mid-epoch): it paid
     # the one-off work of a process start (allocator growth, cuDNN autotuning, NCCL set-up,
