@@ -44,15 +44,27 @@ class EpochRow:
     train_acc: float
     test_loss: float
     test_acc: float
-    epoch_seconds: float  # training only (the steps this process ran), device synchronised
+    # training only, device synchronised: every step of the epoch, those an earlier process
+    # ran before a SIGTERM included (its checkpoint carries their seconds); after a kill,
+    # the steps redone count once, the killed attempt's time not at all
+    epoch_seconds: float
     samples_per_s: float  # the samples of those steps / epoch_seconds
-    wall_seconds: float  # since training began (a resumed run goes on counting)
+    # training seconds since the run began, across its processes: a resume goes on from the
+    # seconds its checkpoint recorded (a SIGTERM's: up to the stop); a process's start-up and
+    # the time between a stop and the resume are not counted, nor, after a kill, the time
+    # since the last checkpoint
+    wall_seconds: float
     ended_at: float = 0.0  # Unix time the epoch ended: its metrics' timestamp in MLflow
     # The first epoch its process ran, started fresh or resumed (possibly mid-epoch): it paid
     # the one-off work of a process start (allocator growth, cuDNN autotuning, NCCL set-up,
     # torch.compile), so steady figures leave it out (`is_warmup`). history.csv and MLflow
     # carry it as 0/1; records written before it existed read as False.
     warmup: bool = False
+    # The step a process resumed this epoch at; 0: one process ran it from its first step.
+    # An epoch resumed mid-way ran in more than one process, each paying a start's one-off
+    # work: it is never a steady epoch, nor stands in for one (`is_split`). Records written
+    # before it existed read as 0.
+    resumed_at_step: int = 0
     # pipeline.memory.epoch_metrics: "gpu3/peak_allocated_mib" (training steps),
     # "gpu3/eval_peak_allocated_mib" (evaluation), "mem_imbalance", ...
     memory: dict[str, float] = field(default_factory=dict)
@@ -70,6 +82,8 @@ class EpochRow:
         known = {name: record[name] for name in HISTORY_COLUMNS if name in record}
         if "warmup" in known:  # history.csv holds 0/1, read back as a number
             known["warmup"] = bool(known["warmup"])
+        if "resumed_at_step" in known:  # likewise a number from history.csv
+            known["resumed_at_step"] = int(known["resumed_at_step"])
         memory = {k: v for k, v in record.items() if k not in HISTORY_COLUMNS}
         return cls(**known, memory=memory)
 
@@ -94,9 +108,16 @@ class RunSummary:
     epoch_seconds: float
     samples_per_s: float
     total_seconds: float
-    warmup_epoch_seconds: float
-    steady_epoch_seconds: float
-    steady_samples_per_s: float
+    # the speed figures (`speed_figures`); None where the run has no honest one, `speed_note`
+    # then says why
+    warmup_epoch_seconds: Optional[float]
+    steady_epoch_seconds: Optional[float]
+    steady_samples_per_s: Optional[float]
+    # what the steady figures are taken over (`steady_basis`): STEADY, WARMUP_STANDS_IN or
+    # NO_STEADY; files written before it existed read STEADY, which is what they claimed
+    steady_basis: str = "steady"
+    # why a speed figure is empty or includes warm-up, in words; None: neither
+    speed_note: Optional[str] = None
     # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share") of the training
     # steps; the same of evaluation prefixed "eval_" (eval_peak_memory_mib, ...)
@@ -129,32 +150,100 @@ def is_warmup(row: EpochRow) -> bool:
     return row.warmup or row.epoch == 1
 
 
+def is_split(row: EpochRow) -> bool:
+    """An epoch resumed mid-way: its steps ran in more than one process."""
+    return row.resumed_at_step > 0
+
+
+# what a run's steady figures are taken over (RunSummary.steady_basis)
+STEADY = "steady"  # the epochs free of warm-up
+WARMUP_STANDS_IN = "warm-up"  # none is: the whole warm-up epochs stand in
+NO_STEADY = "none"  # not even a whole epoch: no steady figures
+
+
 def steady_rows(history: list[EpochRow]) -> list[EpochRow]:
     """The epochs steady figures are taken over: every one not a warm-up. When all of them
-    are (a 1-epoch run, or every epoch in a process of its own) there is no steady state to
-    tell apart and they all stand in (the warm-up then equals the steady figure)."""
-    return [r for r in history if not is_warmup(r)] or history
+    are (a 1-epoch run, or every epoch in a process of its own) the whole ones stand in: each
+    a real epoch, a start's one-off work included (`speed_note` says so). An epoch resumed
+    mid-way never does: its time spans several starts, and its figures would be neither a
+    steady epoch's nor a warm-up's. None may be left: the run then has no steady figures."""
+    return [r for r in history if not is_warmup(r)] or [r for r in history if not is_split(r)]
 
 
-def warmup_seconds(history: list[EpochRow]) -> float:
-    """Epoch 1's seconds, the fresh start's warm-up: reported apart. (A resumed epoch is a
-    warm-up too, left out of the steady figures, but it ran only part of an epoch's steps.)"""
-    return history[0].epoch_seconds
+def steady_basis(history: list[EpochRow]) -> str:
+    if any(not is_warmup(r) for r in history):
+        return STEADY
+    return WARMUP_STANDS_IN if steady_rows(history) else NO_STEADY
 
 
-def steady_seconds(history: list[EpochRow]) -> float:
-    """Median seconds of the steady epochs (`steady_rows`)."""
-    return statistics.median(r.epoch_seconds for r in steady_rows(history))
+def warmup_seconds(history: list[EpochRow]) -> Optional[float]:
+    """Epoch 1's seconds, the fresh start's warm-up: reported apart; None when epoch 1 was
+    resumed mid-way (its time then spans more than one start). (A resumed epoch is a warm-up
+    too, left out of the steady figures, but not shown apart.)"""
+    return None if is_split(history[0]) else history[0].epoch_seconds
 
 
-def steady_samples_per_s(history: list[EpochRow]) -> float:
-    """The steady epochs' median samples over their median seconds (`steady_seconds`), so
-    throughput and speedup tell the same story; an epoch's samples are those of the steps its
-    process ran (samples_per_s x epoch_seconds): every steady epoch is a whole one, a resumed
-    epoch that stands in for lack of any counts only its own steps."""
+def steady_seconds(history: list[EpochRow]) -> Optional[float]:
+    """Median seconds of the steady epochs (`steady_rows`); None without any."""
     rows = steady_rows(history)
+    return statistics.median(r.epoch_seconds for r in rows) if rows else None
+
+
+def steady_samples_per_s(history: list[EpochRow]) -> Optional[float]:
+    """The steady epochs' median samples over their median seconds (`steady_seconds`), so
+    throughput and speedup tell the same story (every steady epoch is a whole one, so its
+    samples are an epoch's: samples_per_s x epoch_seconds); None without any."""
+    rows = steady_rows(history)
+    if not rows:
+        return None
     samples = statistics.median(r.samples_per_s * r.epoch_seconds for r in rows)
     return samples / statistics.median(r.epoch_seconds for r in rows)
+
+
+def _epochs(numbers: list[int]) -> str:
+    if len(numbers) == 1:
+        return f"epoch {numbers[0]}"
+    return f"epochs {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+
+
+def speed_note(history: list[EpochRow]) -> Optional[str]:
+    """Why the run's speed figures are empty or include warm-up, in words; None when they
+    are what they claim (steady epochs free of warm-up, epoch 1 a whole warm-up)."""
+    basis, split = steady_basis(history), [r for r in history if is_split(r)]
+    where = ", ".join(f"epoch {r.epoch} at step {r.resumed_at_step}" for r in split)
+    if basis == NO_STEADY:
+        return (
+            "no steady epoch: every epoch was the first its process ran and was resumed "
+            f"mid-epoch ({where}), its steps split between processes that each paid a "
+            "start's one-off work; its warm-up and steady speed figures are left empty"
+        )
+    notes = []
+    left = ", ".join(f"epoch {r.epoch} resumed at step {r.resumed_at_step}" for r in split)
+    if basis == WARMUP_STANDS_IN:
+        stand = [r.epoch for r in steady_rows(history)]
+        notes.append(
+            "steady figures include warm-up: every epoch was the first its process ran, none "
+            f"is free of a start's one-off work; {_epochs(stand)} "
+            f"{'stands' if len(stand) == 1 else 'stand'} in"
+            + (f" ({left}: left out, its steps ran in more than one process)" if split else "")
+        )
+    if is_split(history[0]):
+        notes.append(
+            f"no warm-up figure: epoch 1 was resumed at step {history[0].resumed_at_step}, its "
+            "steps split between processes"
+        )
+    return "; ".join(notes) or None
+
+
+def speed_figures(history: list[EpochRow]) -> dict[str, Any]:
+    """RunSummary's speed fields, from the run's epochs."""
+    return {
+        "warmup_epoch_seconds": warmup_seconds(history),
+        "steady_epoch_seconds": steady_seconds(history),
+        "steady_samples_per_s": steady_samples_per_s(history),
+        "steady_basis": steady_basis(history),
+        "speed_note": speed_note(history),
+    }
 
 
 def write_results(

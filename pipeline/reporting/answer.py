@@ -4,7 +4,8 @@ computes (table.comparison_rows): no files, no MLflow.
 
 Objectives (a strategy missing the figure is left out of that objective and named):
   fastest_to_target  least wall time until test accuracy first reached report.target_accuracy
-  throughput         most steady samples/s
+  throughput         most steady samples/s (a run without a steady figure is left out with
+                     its reason; figures taken over warm-up epochs are named)
   peak_memory        lowest training peak on the strategy's busiest device
   memory_balance     lowest training memory imbalance (max/mean over devices), among the
                      strategies that spread over more than one device
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeline.reporting.table import BASELINE
+from pipeline.results import WARMUP_STANDS_IN
 from pipeline.tracking.comparison import Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
@@ -222,8 +224,8 @@ def _recommend(
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
     missing = [r["strategy"] for r in rows if objective.value(r) is None]
 
-    def none(reason: str) -> Recommendation:
-        return Recommendation(objective.key, objective.title, (), (reason,))
+    def none(*reasons: str) -> Recommendation:
+        return Recommendation(objective.key, objective.title, (), reasons)
 
     if objective.key == "fastest_to_target":
         if target is None:
@@ -239,6 +241,16 @@ def _recommend(
         if not measured:
             return none("every strategy ran on one device: nothing to balance")
         missing_text = f"one device, nothing to balance: {', '.join(missing)}"
+    elif objective.key == "throughput":
+        # each run left out with the reason it gave (RunSummary.speed_note)
+        missing_text = "no steady figure, not ranked: " + "; ".join(
+            f"{r['strategy']} ({r['speed_note']})" if r.get("speed_note") else r["strategy"]
+            for r in rows
+            if objective.value(r) is None
+        )
+        if not measured:
+            noted = any(r.get("speed_note") for r in rows)
+            return none("no strategy has this figure", *([missing_text] if noted else []))
     else:
         if not measured:
             return none("no strategy has this figure")
@@ -273,6 +285,9 @@ def _recommend(
         reasons.append(f"{_winner_reason(objective.key, best_row, best, device)}; {only}")
     if len(measured) > 2 and rest:  # beyond what the lines above name
         reasons.append("ranking: " + "; ".join(objective.describe(r, v) for r, v in ranked))
+    warm = [r["strategy"] for r, _ in measured if r.get("steady_basis") == WARMUP_STANDS_IN]
+    if objective.key == "throughput" and warm:
+        reasons.append(f"including warm-up (no epoch free of it): {', '.join(warm)}")
     if missing:
         reasons.append(missing_text)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
@@ -338,6 +353,9 @@ def _notes_claim(
     if single is None or dp is None:
         missing = " and ".join(n for n, r in ((BASELINE, single), ("dp", dp)) if r is None)
         return f"{claim} Here: not measured ({missing} did not run).", {}
+    unsteady = [n for n, r in ((BASELINE, single), ("dp", dp)) if r["steady_epoch_s"] is None]
+    if unsteady:  # their notes say why
+        return f"{claim} Here: not measured (no steady figure: {' and '.join(unsteady)}).", {}
     up = single["steady_epoch_s"] / dp["steady_epoch_s"]
     delta = dp["test_acc"] - single["test_acc"]
     kind = "GPU" if single.get("memory_kind") == "gpu" else "CPU device"

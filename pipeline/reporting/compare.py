@@ -96,6 +96,7 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
             mlflow.parent_id,
             {r["mlflow_run_id"]: child_metrics(r) for r in rows if r["mlflow_run_id"]},
             [REPORTS / name for name in REPORT_FILES],
+            {r["mlflow_run_id"]: child_tags(r) for r in rows if r["mlflow_run_id"]},
         )
     where = (
         f"MLflow, these runs side by side: {mlflow.url}"
@@ -130,3 +131,9 @@ def register(
 
 def child_metrics(row: dict) -> dict[str, float]:
     return {k: row[k] for k in CHILD_METRICS if row[k] is not None}
+
+
+def child_tags(row: dict) -> dict[str, str]:
+    """Why a run's speed figures are missing from its metrics, or include warm-up (MLflow
+    has no empty metric to say it with)."""
+    return {"speed_note": row["speed_note"]} if row["speed_note"] else {}

@@ -113,8 +113,11 @@ def _legend(rows: list[dict], target: float | None) -> str:
     return (
         f"Steady s/epoch is the median over the epochs not marked warm-up (the first "
         f"epoch each process ran: epoch 1, shown apart, and a resumed one), steady "
-        f"samples/s an epoch's samples over it; speedup and accuracy delta are against "
-        f"{table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
+        f"samples/s an epoch's samples over it. Where every epoch is a warm-up, the whole "
+        f"ones stand in, marked (warm-up); an epoch resumed mid-way never does (its time "
+        f"spans more than one process start): a run left without a figure shows none, says "
+        f"why in its notes and is not ranked on throughput. Speedup and accuracy delta are "
+        f"against {table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
         f"time until test accuracy first reached "
         f"{target if target is not None else '(none set)'}. Memory: {memory}; the training "
         f"peak (and its imbalance) covers the training steps only, the eval peak the "

@@ -2,7 +2,9 @@
 
 Speed is judged on the steady state (pipeline.results.steady_seconds: the median of the
 epochs not marked warm-up, i.e. neither epoch 1 nor the first epoch of a resumed process; epoch
-1's one-off work is reported apart as the warm-up). Speedup and accuracy deltas are against
+1's one-off work is reported apart as the warm-up). Where every epoch is a warm-up the whole
+ones stand in, their cells marked "(warm-up)"; a run left without any has empty speed cells
+and its `speed_note` among the notes, which say why. Speedup and accuracy deltas are against
 `single` when it ran; scaling efficiency is speedup / devices. Memory columns: the peak and
 imbalance are the training steps' (pipeline.memory), evaluation's peak is a column of its own.
 """
@@ -13,7 +15,7 @@ import html
 from collections.abc import Callable
 from typing import Any, Optional
 
-from pipeline.results import EpochRow, RunSummary
+from pipeline.results import WARMUP_STANDS_IN, EpochRow, RunSummary
 
 BASELINE = "single"
 
@@ -31,8 +33,9 @@ def time_to_target(
     return None, None
 
 
-def speedup(base_seconds: Optional[float], seconds: float) -> Optional[float]:
-    return None if base_seconds is None else base_seconds / seconds
+def speedup(base_seconds: Optional[float], seconds: Optional[float]) -> Optional[float]:
+    """None where either run has no steady figure (or there is no baseline)."""
+    return None if base_seconds is None or seconds is None else base_seconds / seconds
 
 
 def scaling_efficiency(speedup_value: Optional[float], n_devices: int) -> Optional[float]:
@@ -63,6 +66,8 @@ def comparison_rows(
                 "warmup_epoch_s": r.warmup_epoch_seconds,
                 "steady_epoch_s": r.steady_epoch_seconds,
                 "steady_samples_per_s": r.steady_samples_per_s,
+                "steady_basis": r.steady_basis,
+                "speed_note": r.speed_note,  # why a speed figure is empty or includes warm-up
                 "speedup_vs_single": up,
                 "scaling_efficiency": scaling_efficiency(up, len(r.devices)),
                 "test_acc": r.test_acc,
@@ -77,7 +82,7 @@ def comparison_rows(
                 # training steps; the same of evaluation prefixed "eval_"
                 **r.memory,
                 "mlflow_run_id": None,  # the compare stage looks it up (tracking/publish.py)
-                "notes": r.notes,
+                "notes": [*r.notes, *([f"speed: {r.speed_note}"] if r.speed_note else [])],
             }
         )
     return rows
@@ -85,6 +90,19 @@ def comparison_rows(
 
 def _num(spec: str, suffix: str = "") -> Callable:
     return lambda v, row: "n/a" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _speed(spec: str, steady: bool = True) -> Callable:
+    """A speed cell: empty where the run has no honest figure, pointing at the notes that say
+    why; a steady figure taken over warm-up epochs is marked so."""
+
+    def cell(v: Optional[float], row: dict[str, Any]) -> str:
+        if v is None:
+            return "none (see notes)" if row.get("speed_note") else "n/a"
+        marked = steady and row.get("steady_basis") == WARMUP_STANDS_IN
+        return f"{v:{spec}}" + (" (warm-up)" if marked else "")
+
+    return cell
 
 
 def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
@@ -105,9 +123,9 @@ def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, C
         ("world_size", "processes", lambda v, row: str(v)),
         ("devices", "devices", lambda v, row: ", ".join(v)),
         ("batch_split", "per-device batch", lambda v, row: "+".join(map(str, v))),
-        ("warmup_epoch_s", "warm-up s (epoch 1)", _num(".2f")),
-        ("steady_epoch_s", "steady s/epoch", _num(".2f")),
-        ("steady_samples_per_s", "steady samples/s", _num(".0f")),
+        ("warmup_epoch_s", "warm-up s (epoch 1)", _speed(".2f", steady=False)),
+        ("steady_epoch_s", "steady s/epoch", _speed(".2f")),
+        ("steady_samples_per_s", "steady samples/s", _speed(".0f")),
         ("speedup_vs_single", f"speedup vs {BASELINE}", _num(".2f", "x")),
         ("scaling_efficiency", "scaling efficiency", _num(".0%")),
         ("test_acc", "final test acc", _num(".4f")),

@@ -76,11 +76,15 @@ def open_comparison(
 
 
 def close_comparison(
-    parent_id: str, children: dict[str, dict[str, float]], artifacts: list[Path]
+    parent_id: str,
+    children: dict[str, dict[str, float]],
+    artifacts: list[Path],
+    child_tags: dict[str, dict[str, str]] | None = None,
 ) -> None:
     """Nest each strategy run under the parent (the `mlflow.parentRunId` tag the UI reads),
-    log the comparison's figures into it (those that changed), attach the report to the
-    parent, finish it, and delete the parents left without runs."""
+    log the comparison's figures into it (those that changed) and its `child_tags` (e.g.
+    `speed_note`: why a figure is absent), attach the report to the parent, finish it, and
+    delete the parents left without runs."""
     import time
 
     from mlflow.entities import Metric, RunTag
@@ -91,9 +95,10 @@ def close_comparison(
         try:
             logged = client.get_run(run_id).data.metrics
             changed = {k: float(v) for k, v in metrics.items() if logged.get(k) != float(v)}
+            tags = {**(child_tags or {}).get(run_id, {}), "mlflow.parentRunId": parent_id}
             client.log_batch(
                 run_id,
-                tags=[RunTag("mlflow.parentRunId", parent_id)],
+                tags=[RunTag(k, v) for k, v in tags.items()],
                 metrics=[Metric(k, v, stamp, 0) for k, v in changed.items()],
             )
         except Exception as err:  # noqa: BLE001 - e.g. a run logged to another tracking store

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -44,6 +44,16 @@ class Progress:
     # settings the run decided at its start ({key: {"value", "notes"}}, tuning.py); kept in
     # every checkpoint, so that a resume takes them instead of deciding again
     tuned: dict[str, Any] = field(default_factory=dict)
+    # The run's clock at `position`: its training seconds so far (EpochRow.wall_seconds), up
+    # to the stop for a SIGTERM's checkpoint. A resume goes on from it, so what a run counts
+    # is the time its processes trained and checkpointed, up to its last checkpoint: not a
+    # process's start-up, the time between a stop and the resume, nor (after a kill, which
+    # saves nothing) the time since the last checkpoint.
+    wall_seconds: float = 0.0
+    # The position's epoch's training seconds before `position.step` (its steps 0..step-1,
+    # in the processes that ran them, device synchronised): the resumed epoch's seconds start
+    # from them. None: a checkpoint written before they were recorded.
+    epoch_seconds: Optional[float] = 0.0
 
 
 class CheckpointPolicy:
@@ -122,12 +132,25 @@ class CheckpointPolicy:
             f"resuming at epoch {position.epoch + 1} step {position.step} from "
             f"{source.directory}{resharded}"
         )
+        history = [EpochRow.from_record(r) for r in record["history"]]
+        # a record from before the clock was kept: the last finished epoch's wall time, and
+        # no seconds for the steps of the position's epoch before it (none at its start)
+        epoch_seconds = record.get("epoch_seconds", None if position.step else 0.0)
+        if epoch_seconds is None:
+            e, k = position.epoch + 1, position.step
+            notes.append(
+                f"resumed at epoch {e} step {k} from a checkpoint that did not record the time "
+                f"trained before it: epoch {e}'s seconds and samples/s count steps {k}.. only, "
+                "and the wall times leave out the time before the stop"
+            )
         return Progress(
             position,
-            [EpochRow.from_record(r) for r in record["history"]],
+            history,
             totals.to(device),
             notes,
             dict(record.get("tuned", {})),
+            record.get("wall_seconds", history[-1].wall_seconds if history else 0.0),
+            epoch_seconds,
         )
 
     def keep_tuned(self, tuned: dict[str, Any]) -> None:
@@ -163,6 +186,8 @@ class CheckpointPolicy:
             "identity": self.identity.to_record(),
             "notes": progress.notes,
             "tuned": progress.tuned,
+            "wall_seconds": progress.wall_seconds,
+            "epoch_seconds": progress.epoch_seconds,
         }
 
         def written() -> None:  # this rank's file is on disk, the commit still pending

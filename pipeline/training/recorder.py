@@ -22,9 +22,7 @@ from pipeline.results import (
     EpochRow,
     RunSummary,
     history_csv,
-    steady_samples_per_s,
-    steady_seconds,
-    warmup_seconds,
+    speed_figures,
     write_results,
 )
 from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
@@ -123,7 +121,8 @@ class RunRecorder:
                 f"train[{self.name}] epoch {row.epoch}/{self.epochs}: loss {row.train_loss:.4f} "
                 f"train_acc {row.train_acc:.4f} test_acc {row.test_acc:.4f} "
                 f"{row.epoch_seconds:.2f}s {row.samples_per_s:.0f} samples/s"
-                + (" (warm-up)" if row.warmup else ""),
+                + (" (warm-up)" if row.warmup else "")
+                + (f" (resumed at step {row.resumed_at_step})" if row.resumed_at_step else ""),
                 flush=True,
             )
 
@@ -182,10 +181,9 @@ class RunRecorder:
             epoch_seconds=last.epoch_seconds,
             samples_per_s=last.samples_per_s,
             total_seconds=last.wall_seconds,
-            # steady figures leave out every warm-up epoch (results.steady_rows)
-            warmup_epoch_seconds=warmup_seconds(history),
-            steady_epoch_seconds=steady_seconds(history),
-            steady_samples_per_s=steady_samples_per_s(history),
+            # steady figures leave out every warm-up epoch (results.steady_rows), and a split
+            # one always; where none is left they are None, speed_note saying why
+            **speed_figures(history),
             memory=memory.run_summary([r.memory for r in history]),
             notes=list(self.notes),
         )

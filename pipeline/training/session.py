@@ -154,7 +154,7 @@ def train_epochs(
 ) -> RunSummary | None:
     """The epochs from `progress` on; None when a SIGTERM stopped them at a checkpoint."""
     history, run = progress.history, training.run
-    start = time.perf_counter() - (history[-1].wall_seconds if history else 0.0)
+    start = time.perf_counter() - progress.wall_seconds  # the clock goes on from the resume
     mem_devices = memory.local_devices(run.devices, ctx)
     if fault is not None:
         fault.fire_if("start", ctx.rank)
@@ -164,6 +164,8 @@ def train_epochs(
         # this process's first epoch (fresh or resumed): it pays the start's one-off work
         warmup = epoch == progress.position.epoch
         first_step = progress.position.step if warmup else 0
+        # the epoch's seconds before this process: those of its steps 0..first_step-1
+        before = progress.epoch_seconds if warmup else 0.0
         stopped_at = train_epoch(
             training,
             cfg.train,
@@ -176,8 +178,13 @@ def train_epochs(
             live,
         )
         if stopped_at is not None:
+            wait_for_device(ctx.device)  # the steps before the stop, done
+            now = time.perf_counter()
             if live is not None:
                 live.end()
+            # the time trained until the stop, for the resume to go on from
+            progress.wall_seconds = now - start
+            progress.epoch_seconds = None if before is None else before + now - t0
             policy.save(Position(epoch, stopped_at), progress, training, recorder.tracker.run_id)
             recorder.say(
                 f"SIGTERM: checkpointed at epoch {epoch + 1} step {stopped_at}; "
@@ -186,7 +193,10 @@ def train_epochs(
             recorder.stopped()
             return None
         wait_for_device(ctx.device)
-        seconds = time.perf_counter() - t0
+        # every step of the epoch, those before a resume included; a checkpoint that did not
+        # record their seconds leaves steps first_step.. (and their samples) to count
+        seconds = time.perf_counter() - t0 + (before or 0.0)
+        counted_from = first_step if before is None else 0
         if live is not None:
             live.end()  # outside the epoch's time; the device is idle: no wait
         train_peaks = memory.read_peaks(mem_devices, ctx)  # the training steps' alone
@@ -208,14 +218,15 @@ def train_epochs(
             test_loss,
             test_acc,
             seconds,
-            # only the steps this process ran: a resumed epoch's first_step.. of them
-            samples_per_s=training.plan.samples_from(first_step) / seconds,
+            samples_per_s=training.plan.samples_from(counted_from) / seconds,
             wall_seconds=time.perf_counter() - start,
             ended_at=time.time(),
             warmup=warmup,
+            resumed_at_step=first_step,
             memory=memory.epoch_metrics(*peaks),
         )
         history.append(row)  # before the save: the checkpoint's record holds this epoch
+        progress.wall_seconds, progress.epoch_seconds = row.wall_seconds, 0.0
         if policy.due(epoch + 1):
             policy.save(Position(epoch + 1, 0), progress, training, recorder.tracker.run_id)
         recorder.epoch_done(row)

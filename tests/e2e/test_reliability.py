@@ -259,13 +259,17 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     assert metrics["epochs"] == 3
     (run_,) = mlflow_runs(uri)[1]  # the same run, resumed and finished
     assert run_.info.run_id == stopped.info.run_id and run_.info.status == "FINISHED"
-    # Epoch 2 is the resumed process's first: a warm-up, whose samples/s counts only the steps
-    # that process ran (16..31 of 32); the steady figures are epoch 3's alone.
+    # Epoch 2 is the resumed process's first: a warm-up, split between the two processes;
+    # its seconds count every step, those before the stop from the checkpoint, and its
+    # samples/s the whole epoch's samples over them; the steady figures are epoch 3's alone.
     history = read_history("ddp", project / "results")
     assert [r.warmup for r in history] == [True, True, False]
+    assert [r.resumed_at_step for r in history] == [0, VOTE_EVERY_STEPS, 0]
+    assert history[1].epoch_seconds > record["epoch_seconds"] > 0
+    assert history[1].wall_seconds > record["wall_seconds"] > history[0].wall_seconds
     steps, batch = 512 // 16, 16
     samples = [round(r.samples_per_s * r.epoch_seconds) for r in history]
-    assert samples == [steps * batch, (steps - VOTE_EVERY_STEPS) * batch, steps * batch]
+    assert samples == [steps * batch] * 3
     assert metrics["steady_epoch_seconds"] == pytest.approx(history[2].epoch_seconds, rel=1e-5)
     assert metrics["steady_samples_per_s"] * metrics["steady_epoch_seconds"] == pytest.approx(
         steps * batch
@@ -279,6 +283,49 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     run(reference, "python", "-m", "pipeline.train", "ddp", timeout=400)
     ref = json.loads((reference / "results/ddp/metrics.json").read_text())
     assert {k: metrics[k] for k in METRICS} == {k: ref[k] for k in METRICS}
+
+
+def test_a_run_whose_only_epoch_was_resumed_mid_way_has_no_speed_and_keeps_its_time(
+    fault_project, tmp_path
+):
+    """Issue 28, through the CLI: a 1-epoch single run stopped by SIGTERM before step 3 of 4
+    and resumed. Its one epoch ran in two processes: no steady speed (empty, with the reason),
+    and its total time includes the time before the stop, which the SIGTERM's checkpoint
+    recorded."""
+    project, _ = fault_project
+    reset(project)
+    train = ("python", "-m", "pipeline.train", "single", "train.epochs=1")
+    uri = f"sqlite:///{project / 'split.db'}"
+    with Background(
+        project,
+        *train,
+        log=tmp_path / "train.log",
+        MLFLOW_TRACKING_URI=uri,
+        PARALLEL_LAB_FAULT="rank=0,epoch=1,step=2,action=hold",
+    ) as stopped:
+        stopped.wait_for_output("fault: rank 0 holding before step 2 of epoch 1", timeout=240)
+        stopped.signal_group(signal.SIGTERM)
+        assert stopped.wait(timeout=120) != 0, stopped.output()
+    # one process stops at the next step: step 2 ran, the checkpoint is before step 3
+    assert "SIGTERM: checkpointed at epoch 1 step 3" in stopped.output()
+    record = json.loads((project / "checkpoints/single/latest.json").read_text())
+    assert (record["epoch"], record["step"]) == (0, 3)
+    resumed = run(project, *train, MLFLOW_TRACKING_URI=uri)
+    assert "resuming at epoch 1 step 3" in resumed.stdout
+    assert "(warm-up) (resumed at step 3)" in resumed.stdout
+    metrics = json.loads((project / "results/single/metrics.json").read_text())
+    speed = ("warmup_epoch_seconds", "steady_epoch_seconds", "steady_samples_per_s")
+    assert [metrics[k] for k in speed] == [None, None, None]
+    assert metrics["steady_basis"] == "none"
+    assert metrics["speed_note"].startswith("no steady epoch: every epoch was the first its")
+    assert "(epoch 1 at step 3)" in metrics["speed_note"]
+    (row,) = read_history("single", project / "results")
+    assert row.resumed_at_step == 3
+    assert metrics["total_seconds"] == pytest.approx(row.wall_seconds, rel=1e-5)
+    # the time before the stop is counted: in the run's clock and in the epoch's seconds
+    assert metrics["total_seconds"] > record["wall_seconds"] >= record["epoch_seconds"] > 0
+    assert row.epoch_seconds > record["epoch_seconds"]
+    assert row.samples_per_s * row.epoch_seconds == pytest.approx(128, rel=1e-5)
 
 
 # --- MLflow outages --------------------------------------------------------------------------

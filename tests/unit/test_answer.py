@@ -304,3 +304,51 @@ def test_the_pages_open_with_the_answer(tmp_path: Path):
     body = page.split("<body>\n", 1)[1]
     assert body.startswith("<h1>parallel-lab: which strategy for this hardware</h1>\n")
     assert body.index('<section class="answer">') < body.index("<table>")
+
+
+def test_a_run_without_a_steady_epoch_is_not_ranked_on_speed_and_says_why(tmp_path: Path):
+    """Issue 28: single's only epoch was resumed mid-epoch, so it has no speed figures
+    (pipeline.results.speed_figures); the report leaves its cells empty with the reason and
+    ranks the others on throughput without it. ddp's one whole epoch stands in, labelled."""
+    from dataclasses import replace
+
+    from pipeline import results
+    from pipeline.reporting.compare import child_metrics, child_tags
+    from pipeline.reporting.plots import plot_throughput
+
+    split = history([0.9], [4.0])
+    split = [replace(split[0], warmup=True, resumed_at_step=13)]
+    whole = {
+        s: [replace(history([0.88], [t])[0], warmup=True)] for s, t in (("dp", 4.0), ("ddp", 2.0))
+    }
+    single = replace(SINGLE, epochs=1, **results.speed_figures(split))
+    dp = replace(DP, epochs=1, **results.speed_figures(whole["dp"]))
+    ddp = replace(DDP, epochs=1, **results.speed_figures(whole["ddp"]))
+    note = results.speed_note(split)
+    assert note is not None and note.startswith("no steady epoch")
+    rows = table.comparison_rows([single, dp, ddp], {"single": split, **whole}, TARGET)
+    by = {r["strategy"]: r for r in rows}
+    assert by["single"]["steady_samples_per_s"] is None and by["single"]["steady_epoch_s"] is None
+    assert by["ddp"]["speedup_vs_single"] is None  # no baseline figure to divide by
+    assert f"speed: {note}" in by["single"]["notes"]
+    head, cells = table.table_cells(rows, TARGET)
+    single_cells, ddp_cells = dict(zip(head, cells[0])), dict(zip(head, cells[2]))
+    assert single_cells["steady s/epoch"] == "none (see notes)"
+    assert single_cells["steady samples/s"] == "none (see notes)"
+    assert single_cells["warm-up s (epoch 1)"] == "none (see notes)"
+    assert ddp_cells["steady s/epoch"] == "2.00 (warm-up)"
+    assert ddp_cells["warm-up s (epoch 1)"] == "2.00"
+    throughput = by_objective(answer.recommend(rows, TARGET))["throughput"]
+    assert throughput.strategies == ("ddp",)
+    assert throughput.reasons == (
+        "ddp: 2.00x dp's steady samples/s (32 vs 16 samples/s) (the next best)",
+        "including warm-up (no epoch free of it): dp, ddp",
+        f"no steady figure, not ranked: single ({note})",
+    )
+    claim = answer.recommend(rows, TARGET).notes_claim
+    assert claim.endswith("Here: not measured (no steady figure: single).")
+    assert child_tags(by["single"]) == {"speed_note": note}
+    assert child_tags(by["ddp"])["speed_note"].startswith("steady figures include warm-up")
+    assert "steady_epoch_s" not in child_metrics(by["single"])
+    plot_throughput(rows, tmp_path / "throughput.png")  # an empty bar, not a crash
+    assert (tmp_path / "throughput.png").stat().st_size > 0

@@ -10,14 +10,28 @@ from pipeline.results import EpochRow, RunSummary
 from support import run_summary
 
 
-def history(accs, seconds, warmup=(), samples=None) -> list[EpochRow]:
+def history(accs, seconds, warmup=(), samples=None, resumed=None) -> list[EpochRow]:
     """Epochs 1..n; `warmup`: the epochs (1-based) marked warm-up; `samples`: each epoch's
-    samples (64 each unless given)."""
+    samples (64 each unless given); `resumed`: {epoch: the step a process resumed it at}."""
     wall, rows = 0.0, []
     samples = samples or [64] * len(seconds)
+    resumed = resumed or {}
     for i, (acc, s, n) in enumerate(zip(accs, seconds, samples)):
         wall += s
-        rows.append(EpochRow(i + 1, 1.0, 0.5, 1.0, acc, s, n / s, wall, warmup=i + 1 in warmup))
+        rows.append(
+            EpochRow(
+                i + 1,
+                1.0,
+                0.5,
+                1.0,
+                acc,
+                s,
+                n / s,
+                wall,
+                warmup=i + 1 in warmup,
+                resumed_at_step=resumed.get(i + 1, 0),
+            )
+        )
     return rows
 
 
@@ -41,35 +55,94 @@ def test_warmup_is_the_first_epoch_and_steady_the_median_of_the_rest():
     assert results.warmup_seconds(history(accs, [10.0, 2.0, 4.0, 3.0], {1})) == 10.0
     assert results.steady_seconds(history(accs, [10.0, 2.0, 4.0, 3.0], {1})) == 3.0
     assert results.steady_seconds(history(accs, [10.0, 2.0, 4.0], {1})) == 3.0
-    # one epoch: no steady state to tell apart, it stands in (as every figure of the run)
+    # one whole epoch: no steady state to tell apart, it stands in, labelled as warm-up
     (one,) = history([0.5], [10.0], {1}, samples=[640])
     assert results.steady_rows([one]) == [one]
     assert results.steady_seconds([one]) == results.warmup_seconds([one]) == 10.0
     assert results.steady_samples_per_s([one]) == 64.0
+    assert results.steady_basis([one]) == results.WARMUP_STANDS_IN
+    assert results.speed_note([one]) == (
+        "steady figures include warm-up: every epoch was the first its process ran, none is "
+        "free of a start's one-off work; epoch 1 stands in"
+    )
+    assert results.steady_basis(history(accs, [10.0, 2.0], {1})) == results.STEADY
+    assert results.speed_note(history(accs, [10.0, 2.0], {1})) is None
     # epoch 1 counts as warm-up also in a history recorded before the mark existed
     assert results.steady_seconds(history(accs, [10.0, 2.0, 4.0, 3.0])) == 3.0
 
 
 def test_steady_figures_leave_out_every_warmup_epoch():
     """A run stopped in epoch 3 at step 6 of 10 and resumed: epoch 3 is the resumed process's
-    first, a warm-up, which ran steps 6..9 only; the steady epochs are 2 and 4."""
+    first, a warm-up, split between two processes; the steady epochs are 2 and 4."""
     plan = BatchPlan.make(32, 1).drawing_from(320)  # 10 steps of 32
     assert (plan.steps, plan.samples_per_epoch) == (10, 320)
     assert plan.samples_from(0) == 320 and plan.samples_from(6) == (10 - 6) * 32 == 128
     assert plan.samples_from(10) == 0
     with pytest.raises(ValueError):
         plan.samples_from(11)
-    samples = [320, 320, plan.samples_from(6), 320]
-    h = history([0.5] * 4, [9.0, 2.0, 1.5, 4.0], {1, 3}, samples)
+    h = history([0.5] * 4, [9.0, 2.0, 3.5, 4.0], {1, 3}, [320] * 4, resumed={3: 6})
     assert [r.epoch for r in results.steady_rows(h)] == [2, 4]
-    assert h[2].samples_per_s * h[2].epoch_seconds == pytest.approx(128)
     assert results.steady_seconds(h) == 3.0  # median of 2.0 and 4.0
     assert results.steady_samples_per_s(h) == pytest.approx(320 / 3.0)
     assert results.warmup_seconds(h) == 9.0
-    # every epoch a warm-up (each in a process of its own): all of them stand in
-    h = history([0.5] * 2, [9.0, 1.5], {1, 2}, [320, 128])
+    # every epoch a warm-up (each in a process of its own): the whole ones stand in, epoch 2,
+    # resumed at step 6 (its time spread over two processes' starts), never does
+    h = history([0.5] * 2, [9.0, 3.5], {1, 2}, [320, 320], resumed={2: 6})
+    assert results.steady_rows(h) == h[:1]
+    assert results.steady_samples_per_s(h) == pytest.approx(320 / 9.0)
+    assert results.speed_note(h) == (
+        "steady figures include warm-up: every epoch was the first its process ran, none is "
+        "free of a start's one-off work; epoch 1 stands in (epoch 2 resumed at step 6: left "
+        "out, its steps ran in more than one process)"
+    )
+    # two whole warm-up epochs (the second resumed at its first step) both stand in
+    h = history([0.5] * 2, [9.0, 3.0], {1, 2}, [320, 320])
     assert results.steady_rows(h) == h
-    assert results.steady_samples_per_s(h) == pytest.approx(224 / 5.25)
+    assert "epochs 1 and 2 stand in" in results.speed_note(h)
+
+
+def test_an_epoch_resumed_mid_way_never_stands_in_for_a_steady_one():
+    """Issue 28: a 1-epoch run resumed at step 13 of 16 had its resumed process's 3 steps
+    stand in as its steady epoch. An epoch split between processes is neither a steady nor
+    a warm-up figure: the run has no speed figures, and says why."""
+    (split,) = history([0.5], [4.0], {1}, [512], resumed={1: 13})
+    assert results.is_split(split) and results.steady_rows([split]) == []
+    assert results.steady_seconds([split]) is None
+    assert results.steady_samples_per_s([split]) is None
+    assert results.warmup_seconds([split]) is None
+    assert results.steady_basis([split]) == results.NO_STEADY
+    note = results.speed_note([split])
+    assert note == (
+        "no steady epoch: every epoch was the first its process ran and was resumed "
+        "mid-epoch (epoch 1 at step 13), its steps split between processes that each paid a "
+        "start's one-off work; its warm-up and steady speed figures are left empty"
+    )
+    # a split epoch 1 in a longer run: steady figures from the rest, no warm-up figure
+    h = history([0.5] * 3, [4.0, 2.0, 2.0], {1}, resumed={1: 13})
+    assert results.steady_seconds(h) == 2.0 and results.warmup_seconds(h) is None
+    assert results.speed_note(h) == (
+        "no warm-up figure: epoch 1 was resumed at step 13, its steps split between processes"
+    )
+    # what metrics.json carries: the empty figures and why, and an older file still reads
+    summary = RunSummary.from_json(
+        {
+            **run_summary("single", ["cpu"], 1.0, 0.5, {}).to_json(),
+            **results.speed_figures([split]),
+        }
+    )
+    assert summary.steady_epoch_seconds is None and summary.steady_samples_per_s is None
+    assert summary.warmup_epoch_seconds is None
+    assert (summary.steady_basis, summary.speed_note) == (results.NO_STEADY, note)
+    assert RunSummary.from_json(summary.to_json()) == summary
+    old = {
+        k: v
+        for k, v in run_summary("single", ["cpu"], 1.0, 0.5, {}).to_json().items()
+        if k not in ("steady_basis", "speed_note")
+    }
+    assert RunSummary.from_json(old).steady_basis == results.STEADY
+    assert RunSummary.from_json(old).speed_note is None and "speed_note" not in (
+        RunSummary.from_json(old).memory
+    )
 
 
 def test_warmup_mark_goes_through_history_csv_and_the_checkpoint_record():
@@ -83,6 +156,18 @@ def test_warmup_mark_goes_through_history_csv_and_the_checkpoint_record():
     assert EpochRow.from_record(parsed).warmup is True
     old = {k: v for k, v in rows[0].to_record().items() if k != "warmup"}  # before the mark
     assert EpochRow.from_record(old).warmup is False and "warmup" not in rows[0].memory
+
+
+def test_the_resumed_step_goes_through_history_csv_and_the_checkpoint_record(tmp_path):
+    rows = history([0.5, 0.6], [9.0, 2.0], {1, 2}, resumed={2: 13})
+    (tmp_path / "single").mkdir()
+    (tmp_path / "single" / results.HISTORY).write_text(results.history_csv(rows))
+    read = results.read_history("single", tmp_path)
+    assert [(r.resumed_at_step, type(r.resumed_at_step)) for r in read] == [(0, int), (13, int)]
+    assert rows[1].metrics()["resumed_at_step"] == 13.0  # an MLflow metric, per epoch
+    assert [EpochRow.from_record(r.to_record()) for r in rows] == rows
+    old = {k: v for k, v in rows[1].to_record().items() if k != "resumed_at_step"}
+    assert EpochRow.from_record(old).resumed_at_step == 0  # written before the field
 
 
 def test_time_to_target_is_the_first_crossing_or_none():

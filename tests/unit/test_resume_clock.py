@@ -1,0 +1,148 @@
+"""The clock of a resumed run (pipeline/training/session.py `train_epochs`, issue 28): a run
+stopped by SIGTERM mid-epoch and resumed counts the time it trained before the stop, in its
+wall time and in the split epoch's seconds, through the real build, checkpoint policy and
+epoch loop in one process.
+
+The training is real; the clock is the session's own, moved on by 100 s when the stop arrives
+(the SIGTERM's checkpoint must carry those seconds): a bound no real timing comes near, so
+nothing here depends on how fast this machine is."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import replace
+
+import pytest
+
+from pipeline.config import Config
+from pipeline.context import DistContext
+from pipeline.data.device_data import to_device
+from pipeline.data.download import convert
+from pipeline.results import NO_STEADY
+from pipeline.strategies import single
+from pipeline.training import session
+from pipeline.training.build import build_training
+from pipeline.training.checkpoint import Position
+from pipeline.training.checkpoint_policy import CheckpointPolicy
+from pipeline.training.identity import RunIdentity
+from pipeline.training.recorder import RunRecorder
+
+# one process, no process group: DCP says it saves and loads locally, as meant here
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
+IDENTITY = RunIdentity({}, "single", 1, {}, "d", {})
+SPENT = 100.0  # the seconds the steps before the stop took, as the session's clock reads them
+
+
+class Clock:
+    """The session's `time`: the real clocks, perf_counter moved on by `offset`."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.offset
+
+    def time(self) -> float:
+        return time.time()
+
+
+class StopBefore:
+    """A SIGTERM that has arrived before step `step` (one process stops at once), after the
+    steps before it took SPENT seconds; `step` None: no SIGTERM."""
+
+    def __init__(self, step: int | None, clock: Clock) -> None:
+        self.step, self.clock, self.flag = step, clock, False
+
+    def agreed(self, step: int) -> bool:
+        if step == self.step and not self.flag:
+            self.clock.offset += SPENT
+            self.flag = True
+        return self.flag
+
+
+@pytest.fixture(scope="module")
+def data(raw_dataset):
+    return to_device(convert(raw_dataset[0]), CPU.device, 64, 32)  # 4 steps of 16
+
+
+def process(data, directory, stop_before, monkeypatch):
+    """One process of a 1-epoch single run: build, resume, train until the end or the stop.
+    Returns (its progress at the start, the summary or None, the lines it said)."""
+    clock = Clock()
+    monkeypatch.setattr(session, "time", clock)
+    cfg = Config()
+    cfg.model.width, cfg.train.batch_size, cfg.train.epochs = 4, 16, 1
+    plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
+    training = build_training(cfg, single, CPU, data, plan)
+    # the recorder of a rank that writes no results/ and keeps no MLflow run
+    training = replace(training, run=replace(training.run, writer=False))
+    policy = CheckpointPolicy(cfg.checkpoint, 1, directory, IDENTITY, CPU, True, None)
+    lines: list[str] = []
+    progress = policy.resume(training, lines.append)
+    start = replace(progress, history=list(progress.history), notes=list(progress.notes))
+    fresh = progress.position == Position(0, 0)
+    recorder = RunRecorder(
+        cfg, "single", CPU, training, IDENTITY.key, progress.history, fresh, progress.notes
+    )
+    stop = StopBefore(stop_before, clock)
+    summary = session.train_epochs(cfg, training, data, CPU, policy, progress, recorder, stop, None)
+    return start, summary, lines
+
+
+def test_a_sigterm_resume_counts_the_time_before_the_stop(data, tmp_path, monkeypatch):
+    directory = tmp_path / "checkpoints"
+    _, stopped, _ = process(data, directory, 2, monkeypatch)
+    assert stopped is None  # checkpointed at the stop
+    record = json.loads((directory / "latest.json").read_text())
+    assert (record["epoch"], record["step"]) == (0, 2)
+    # the clock at the save, and the epoch's training seconds before the stop (steps 0, 1)
+    assert record["epoch_seconds"] >= SPENT and record["wall_seconds"] >= record["epoch_seconds"]
+    shutil.copytree(directory, tmp_path / "older")  # for the second half below
+
+    start, summary, _ = process(data, directory, None, monkeypatch)
+    assert start.position == Position(0, 2)
+    assert (start.wall_seconds, start.epoch_seconds) == (
+        record["wall_seconds"],
+        record["epoch_seconds"],
+    )
+    (row,) = summary_history(summary, directory)
+    assert row.resumed_at_step == 2 and row.warmup
+    # every step of the epoch: the 2 before the stop (carried) and the 2 after the resume
+    assert row.epoch_seconds > record["epoch_seconds"]
+    assert row.samples_per_s * row.epoch_seconds == pytest.approx(64)
+    assert row.wall_seconds > record["wall_seconds"]  # the clock went on from the stop
+    assert summary.total_seconds == row.wall_seconds
+    # its only epoch is split: no speed figures, and why
+    assert summary.steady_epoch_seconds is None and summary.steady_samples_per_s is None
+    assert summary.steady_basis == NO_STEADY
+    assert summary.speed_note.startswith("no steady epoch: every epoch was the first its")
+
+    # A checkpoint written before the time was carried (checkpoint.resume_from of an older
+    # run's): the epoch counts the steps after the resume only, and the run says so.
+    older = tmp_path / "older"
+    old = json.loads((older / "latest.json").read_text())
+    del old["wall_seconds"], old["epoch_seconds"]
+    (older / "latest.json").write_text(json.dumps(old))
+    start, summary, _ = process(data, older, None, monkeypatch)
+    assert start.epoch_seconds is None and start.wall_seconds == 0.0
+    (row,) = summary_history(summary, older)
+    assert row.samples_per_s * row.epoch_seconds == pytest.approx(32)  # steps 2 and 3
+    assert row.epoch_seconds < SPENT and row.wall_seconds < SPENT
+    assert summary.notes[-1] == (
+        "resumed at epoch 1 step 2 from a checkpoint that did not record the time trained "
+        "before it: epoch 1's seconds and samples/s count steps 2.. only, and the wall times "
+        "leave out the time before the stop"
+    )
+
+
+def summary_history(summary, directory):
+    """The epochs the finished run's last checkpoint records (what results/ would hold)."""
+    from pipeline.results import EpochRow
+
+    assert summary is not None
+    record = json.loads((directory / "latest.json").read_text())
+    return [EpochRow.from_record(r) for r in record["history"]]
