@@ -33,7 +33,9 @@ from pipeline.training.precision import (
     compile_forward,
     configure_backends,
     fallback,
+    gpu_capability,
     graph_step_marker,
+    job_capabilities,
 )
 
 
@@ -66,7 +68,9 @@ def build_training(
     """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision.
     A run with a setting still to decide (`run.tuned`) is settled by tuning.py."""
     device, facts = ctx.device, strategy.FACTS
-    prec = build_precision(cfg.train.precision, device)
+    # one precision for the job, which every rank computes its gradients in (a collective)
+    capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
+    prec = build_precision(cfg.train.precision, device, capabilities)
     model = build_model(cfg.model.width, cfg.seed).to(device, prec.dtype)
     run = strategy.parallelize(model, getattr(cfg, facts.name), plan, ctx, prec.autocast)
     prec, channels_last = fit_to_strategy(prec, run, facts, cfg.train.channels_last)

@@ -223,12 +223,73 @@ def test_auto_takes_bf16_only_where_the_gpu_has_it(kind, capability, name, noted
 
 def test_bf16_asked_of_an_old_gpu_falls_back_with_a_note():
     """Through the capability seam (no GPU here): the Precision a V100 gets for bf16."""
-    prec = build_precision("bf16", CPU, capability=(7, 0))
+    prec = build_precision("bf16", CPU, [(7, 0)])
     assert prec.name == "bf16"  # on the CPU the capability does not matter
     old = precision._resolve("bf16", "cuda", (7, 0))
     assert old.name == "fp32" and "no native bfloat16" in old.notes[0]
     assert precision._resolve("bf16", "cuda", (8, 6)).autocast_dtype == torch.bfloat16
     assert precision._resolve("tf32", "cuda", (7, 5)).name == "fp32"
+
+
+A100, T4, H100, V100 = (8, 0), (7, 5), (9, 0), (7, 0)
+
+
+@pytest.mark.parametrize(
+    "capabilities, lowest, ranks",
+    [
+        ([A100], A100, [0]),
+        ([H100, A100], A100, [1]),
+        ([A100, T4, H100, T4], T4, [1, 3]),
+        ([V100, T4], V100, [0]),  # (7, 0) < (7, 5): compared as (major, minor)
+        ([(8, 6), (8, 9)], (8, 6), [0]),
+        ([H100, None, A100], None, [1]),  # unknown counts as the lowest
+        ([None], None, [0]),
+    ],
+)
+def test_the_lowest_capability_and_the_ranks_that_have_it(capabilities, lowest, ranks):
+    assert precision.lowest_capability(capabilities) == (lowest, ranks)
+
+
+def test_auto_is_decided_for_the_job_by_its_lowest_capability():
+    """Every mix of the GPUs of two ranks, against what each GPU alone would take: bf16 only
+    where both have it, the same whichever rank holds the older GPU."""
+    gpus = [V100, T4, A100, (8, 6), H100, None]
+    for first in gpus:
+        for second in gpus:
+            alone = {auto_choice("cuda", c)[0] for c in (first, second)}
+            name, notes = precision.job_auto_choice("cuda", [first, second])
+            assert name == ("bf16" if alone == {"bf16"} else "fp16")
+            assert bool(notes) == (name == "fp16")
+            assert precision.job_auto_choice("cuda", [second, first])[0] == name
+    assert precision.job_auto_choice("cpu", [None, None]) == ("fp32", [])
+
+
+def test_a_mixed_job_says_which_rank_decided_fp16():
+    name, notes = precision.job_auto_choice("cuda", [A100, A100, H100, T4])
+    assert (name, notes) == (
+        "fp16",
+        [
+            "precision auto: fp16 with loss scaling for the job: the lowest compute capability "
+            "among its GPUs is 7.5 (rank 3), which has no native bfloat16"
+        ],
+    )
+    many = precision.job_auto_choice("cuda", [T4] * 6)[1][0]
+    assert "is 7.5 (ranks 0, 1, 2, 3 and 2 more)" in many
+    # one process: the note of its one GPU, as before
+    assert precision.job_auto_choice("cuda", [T4]) == auto_choice("cuda", T4)
+
+
+def test_every_rank_builds_the_precision_of_the_jobs_oldest_gpu():
+    """What build_precision gives an A100 rank and a T4 rank of one job, through the
+    capability seam: the same precision on both, fallbacks included."""
+    cuda = torch.device("cuda", 0)  # never touched: no GPU here
+    job = [A100, T4]
+    for asked in ("bf16", "tf32"):
+        built = [build_precision(asked, cuda, job) for _ in job]
+        assert [p.name for p in built] == ["fp32", "fp32"]
+        assert [p.autocast_dtype for p in built] == [None, None]
+    fine = build_precision("auto", cuda, [A100, H100])
+    assert (fine.name, fine.autocast_dtype, fine.notes) == ("bf16", torch.bfloat16, [])
 
 
 def test_fp64_is_plain_fp64():
