@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from pipeline import memory
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config
 from pipeline.context import DistContext
@@ -50,7 +51,7 @@ class Training:
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
     # how `forward` was made, for a run's setting measured before training (tuning.py)
     loop: LoopForward
-    notes: tuple[str, ...]  # the strategy's, then the precision's and compile's
+    notes: tuple[str, ...]  # the strategy's, then the precision's, compile's and memory's
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
@@ -100,7 +101,7 @@ def build_training(
             channels_last=channels_last,
             new_graph_step=new_graph_step,
         ),
-        notes=(*run.notes, *prec.notes, *compile_notes),
+        notes=(*run.notes, *prec.notes, *compile_notes, *memory.notes(device)),
         prec=prec,
         loader=make_batches(
             data,
