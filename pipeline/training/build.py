@@ -51,7 +51,8 @@ class Training:
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
     # how `forward` was made, for a run's setting measured before training (tuning.py)
     loop: LoopForward
-    notes: tuple[str, ...]  # the strategy's, then the precision's, compile's and memory's
+    # the strategy's, then the precision's, compile's, the loader's and memory's
+    notes: tuple[str, ...]
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
@@ -89,6 +90,17 @@ def build_training(
 
     forward, compile_notes = prepare(run.forward if isinstance(run, DataParallelRun) else None)
     new_graph_step = graph_step_marker(train, facts.cuda_graphs)
+    loader = make_batches(
+        data,
+        cfg.data,
+        cfg.seed,
+        plan,
+        plan.data_rank(ctx.rank),
+        prec.dtype,
+        channels_last,
+        device,
+        raw_dir,
+    )
     return Training(
         run=run,
         facts=facts,
@@ -101,19 +113,9 @@ def build_training(
             channels_last=channels_last,
             new_graph_step=new_graph_step,
         ),
-        notes=(*run.notes, *prec.notes, *compile_notes, *memory.notes(device)),
+        notes=(*run.notes, *prec.notes, *compile_notes, *loader.notes, *memory.notes(device)),
         prec=prec,
-        loader=make_batches(
-            data,
-            cfg.data,
-            cfg.seed,
-            plan,
-            plan.data_rank(ctx.rank),
-            prec.dtype,
-            channels_last,
-            device,
-            raw_dir,
-        ),
+        loader=loader,
         optimizer=make_optimizer(run.module.parameters(), cfg.train),
         loss_fn=loss_function(cfg.train, schedule_owns_loss=pipelined),
     )
