@@ -101,8 +101,8 @@ def job_auto_choice(
     kind: str, capabilities: Sequence[Optional[Capability]]
 ) -> tuple[str, list[str]]:
     """What `precision: auto` runs on every rank of a job, from every rank's compute
-    capability in rank order: auto_choice for the lowest, which bf16 would not suit; a job of
-    several ranks running fp16 is told which ranks decided it."""
+    capability in rank order: auto_choice for the lowest, so no rank runs bf16 beside a GPU
+    without it; a job of several ranks running fp16 is told which ranks decided it."""
     lowest, ranks = lowest_capability(capabilities)
     name, notes = auto_choice(kind, lowest)
     if notes and len(capabilities) > 1:
