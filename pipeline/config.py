@@ -71,7 +71,8 @@ class DataConfig:
     torchvision FashionMNIST + ToTensor per sample + DataLoader (DistributedSampler across
     ranks)."""
     augment: bool = False
-    """Random crop (4-pixel padding) + horizontal flip of training images."""
+    """Random crop (4-pixel padding) + horizontal flip of training images, drawn per
+    position of each epoch's order (seed, epoch): the same whichever rank or worker loads it."""
     workers: int = field(default=4, metadata=_min(0))
     """DataLoader worker processes (dataloader only); the notes use 4."""
 

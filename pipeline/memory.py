@@ -7,7 +7,11 @@ evaluation (reset again, read after it), kept apart: "gpu3/peak_allocated_mib" i
 On GPUs a process reads torch.cuda.max_memory_allocated/reserved of every device it computes
 on: its own under one-process-per-device strategies, all of them under DataParallel, whose
 extra devices live in the one process. On the CPU the figure is the peak resident set size of
-each process instead (VmHWM, which /proc/self/clear_refs resets), labelled as such.
+each process instead (VmHWM, which /proc/self/clear_refs resets), labelled as such, and of the
+training steps only: clear_refs resets the peak to the current RSS, which during evaluation
+still holds training's heap (parameters, optimizer state, the allocator's cached pages), so
+evaluation's own allocations cannot be told apart from it. A CPU run records no evaluation
+peak and says so (NOT_SEPARABLE) where it would show one.
 
 Labels name the physical device, so runs on different GPUs of one machine never mix:
 cuda:j -> "gpu" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu5"), and in a job of
@@ -28,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.context import DistContext
+from pipeline.results import NOT_SEPARABLE
 
 MIB = 2**20
 PROC_STATUS = Path("/proc/self/status")
@@ -146,14 +151,25 @@ def share_key(kind: str) -> str:
 EVAL = "eval_"  # the prefix of evaluation's figures; training's have none
 
 
+def notes(device: torch.device) -> list[str]:
+    """What a run's notes say of its memory figures: on the CPU, why it has no eval peak."""
+    if device.type == "cuda":
+        return []
+    return [
+        f"memory: evaluation's peak is {NOT_SEPARABLE}: a process's peak RSS during "
+        "evaluation still holds training's heap, so only the training steps' peak is reported"
+    ]
+
+
 def epoch_metrics(
     peaks: list[DevicePeak], eval_peaks: Optional[list[DevicePeak]] = None
 ) -> dict[str, float]:
     """MLflow metrics of one epoch: every device's peaks over the training steps, the
-    imbalance and device 0's share; the same of evaluation, prefixed EVAL, when given
-    ("gpu3/eval_peak_allocated_mib", "eval_mem_imbalance", "eval_gpu0_share")."""
+    imbalance and device 0's share; the same of evaluation, prefixed EVAL, when given on GPUs
+    ("gpu3/eval_peak_allocated_mib", "eval_mem_imbalance", "eval_gpu0_share"). A CPU
+    evaluation peak is dropped: it is floored at training's heap (NOT_SEPARABLE)."""
     out = _phase_metrics(peaks, "")
-    if eval_peaks is not None:
+    if eval_peaks is not None and eval_peaks[0].kind == "gpu":
         out.update(_phase_metrics(eval_peaks, EVAL))
     return out
 
@@ -182,7 +198,8 @@ def run_summary(epochs: list[dict[str, float]]) -> dict:
     """For metrics.json, from each epoch's `epoch_metrics` (which a resumed run restores): each
     device's highest peaks over the epochs, and the imbalance of those, for the training steps
     (peak_memory_mib, peak_reserved_mib, mem_imbalance, gpu0_share) and for evaluation (the
-    same keys prefixed EVAL)."""
+    same keys prefixed EVAL). On the CPU evaluation's peak is NOT_SEPARABLE, also where epochs
+    recorded before that was known hold a figure for it."""
     allocated: dict[str, dict[str, float]] = {"": {}, EVAL: {}}
     reserved: dict[str, dict[str, float]] = {"": {}, EVAL: {}}
     for row in epochs:
@@ -195,11 +212,15 @@ def run_summary(epochs: list[dict[str, float]]) -> dict:
     if not allocated[""]:  # epochs recorded before memory was measured (an old checkpoint)
         kind = "none"
     out: dict = {"memory_kind": kind}  # "gpu": allocated by tensors; "cpu": peak RSS per process
-    for prefix in ("", EVAL):
+    for prefix in ("",) if kind == "cpu" else ("", EVAL):
         values = list(allocated[prefix].values())
         out[f"{prefix}peak_memory_mib"] = {k: round(v, 1) for k, v in allocated[prefix].items()}
         out[f"{prefix}peak_reserved_mib"] = {k: round(v, 1) for k, v in reserved[prefix].items()}
         out[f"{prefix}mem_imbalance"] = imbalance(values) if values else None
         if values:
             out[prefix + share_key(kind)] = first_share(values)
+    if kind == "cpu":  # no peak, imbalance or share: the reason in the peak's place
+        out[f"{EVAL}peak_memory_mib"] = NOT_SEPARABLE
+        out[f"{EVAL}peak_reserved_mib"] = {}
+        out[f"{EVAL}mem_imbalance"] = None
     return out

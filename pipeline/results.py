@@ -33,6 +33,9 @@ MODEL, METRICS, HISTORY, CONFIG = "model.pt", "metrics.json", "history.csv", "co
 # what each strategy's MLflow run gets as files; model.pt also goes in as the MLflow model
 # "model" (tracking/mlflow_run.py `log_final_model`)
 ARTIFACTS = (METRICS, HISTORY, CONFIG, MODEL)
+# a CPU run's eval_peak_memory_mib in metrics.json, and what the report shows for it: its
+# process's RSS during evaluation still holds training's heap (pipeline/memory.py)
+NOT_SEPARABLE = "not separable on CPU"
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,24 @@ index gather, augmentation is one batched gather with per-sample offsets drawn o
 No DataLoader, no per-sample Python, no host sync.
 
 `dataloader`: what the source notes do. torchvision's FashionMNIST (PIL image per sample,
-ToTensor + Normalize, torchvision transforms for augmentation) in a DataLoader with
+ToTensor + Normalize, torchvision's pad, crop and flip for augmentation) in a DataLoader with
 `data.workers` worker processes, pinned memory on CUDA; with several data-parallel ranks a
 DistributedSampler gives each rank its share. Same global batch, same split of each batch
 over ranks (DistributedSampler strides over the shuffled order, as device_data.py does) and
 the same step count (the remainder is dropped). The order differs: the permutation comes from
 the samplers' CPU generator seeded with `seed + epoch` (every rank draws the same one; the
 single-rank RandomSampler is seeded to draw it too), not from device_data.py's generator on
-the training device, and augmentation draws from the global RNG instead of per position. So
-the two loaders train on the same samples per epoch in a different order, and an augmented
-dataloader run does not resume bit-exactly. Evaluation uses the device-resident test set
-either way, so test metrics are computed identically.
+the training device. So the two loaders train on the same samples per epoch in a different
+order. Evaluation uses the device-resident test set either way, so test metrics are computed
+identically.
+
+Augmentation follows one rule in both: each position of the epoch's order has its own crop
+and flip (`augment_plan`, from seed and epoch), whichever rank trains it and whatever the
+global RNG holds. (torchvision's RandomCrop and RandomHorizontalFlip draw from the global RNG,
+which every rank seeds alike: the k-th sample of every rank got the same crop and flip, and a
+resumed epoch different ones.) So no two ranks share an augmentation, a resumed epoch replays
+its own exactly, and a run resumed at another world size or `data.workers` augments each
+sample as it would have.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +56,7 @@ from pipeline.data.device_data import (
 from pipeline.data.fashion_mnist import DATA_DIR, FILES
 
 PAD = 4  # pixels of black border the random crop chooses its window from
+CPU = torch.device("cpu")  # where the dataloader path draws its augmentation
 SIZE = 28
 Step = tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]
 
@@ -59,6 +67,7 @@ class Batches:
     `steps` optimizer steps per epoch, `epoch(e, start_step)` yielding them."""
 
     steps: int
+    notes: tuple[str, ...] = ()  # for the run's record (metrics.json, MLflow)
 
     def __init__(
         self,
@@ -131,27 +140,55 @@ def to_model_input(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
+AUGMENT_NOTE = (
+    "data.augment (dataloader): each sample's crop and flip follow its position in the "
+    "epoch's order (seed, epoch), the device loader's rule: no two ranks share them, and a "
+    "run resumed at another world size or data.workers augments each sample as it would have"
+)
+
+
+class PositionedSamples(torch.utils.data.Dataset):
+    """The training set read by (position in the epoch's order, sample index): the PIL image,
+    padded, cropped and flipped as `plan` says for that position (none without a plan), then
+    ToTensor + Normalize. torchvision's functional pad/crop/hflip are RandomCrop(28,
+    padding=4)'s and RandomHorizontalFlip's operations, with the draws taken from `plan`."""
+
+    def __init__(self, dataset: Any, plan: Optional[torch.Tensor]):
+        from torchvision import transforms
+
+        self.dataset, self.plan = dataset, plan
+        self.to_tensor = transforms.Compose(
+            [transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))]
+        )
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        import torchvision.transforms.functional as TF
+
+        position, index = item
+        image, label = self.dataset[index]
+        if self.plan is not None:
+            dy, dx, flip = self.plan[position].tolist()
+            image = TF.crop(TF.pad(image, [PAD]), dy, dx, SIZE, SIZE)
+            image = TF.hflip(image) if flip else image
+        return self.to_tensor(image), label
+
+
 class DataLoaderBatches(Batches):
     def __init__(self, *args: Any, raw_dir: Path = DATA_DIR / "raw"):
-        from torchvision import datasets, transforms
+        from torchvision import datasets
 
         super().__init__(*args)
-        augment = (
-            [transforms.RandomCrop(SIZE, padding=PAD), transforms.RandomHorizontalFlip()]
-            if self.options.augment
-            else []
-        )
-        transform = transforms.Compose(
-            [*augment, transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))]
-        )
         with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as root:
             # torchvision reads the whole split into memory here; the files can go after
-            dataset = datasets.FashionMNIST(
-                torchvision_root(raw_dir, Path(root)), train=True, transform=transform
-            )
+            dataset = datasets.FashionMNIST(torchvision_root(raw_dir, Path(root)), train=True)
         n_train = self.plan.n_train
         assert n_train is not None  # self.steps has been read: the plan knows it
         self.dataset = torch.utils.data.Subset(dataset, range(n_train))
+        if self.options.augment:
+            self.notes = (AUGMENT_NOTE,)
 
     def rank_order(self, epoch: int) -> list[int]:
         """This rank's sample indices for the epoch, in the order it trains on them."""
@@ -173,12 +210,17 @@ class DataLoaderBatches(Batches):
         return list(sampler)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
-        plan = self.plan
+        plan, n = self.plan, len(self.dataset)
         per_step = plan.per_rank * plan.grad_accum  # this rank's samples per optimizer step
-        order = self.rank_order(epoch)[start_step * per_step : self.steps * per_step]
+        # the k-th sample of rank r is at position r + k * data_world of the epoch's order
+        # (DistributedSampler strides over it), which its augmentation is drawn for
+        positions = range(self.rank, n, plan.data_world)
+        order = list(zip(positions, self.rank_order(epoch)))
+        order = order[start_step * per_step : self.steps * per_step]
+        augment = augment_plan(self.seed, epoch, n, CPU) if self.options.augment else None
         on_cuda = self.device.type == "cuda"
         loader = torch.utils.data.DataLoader(
-            self.dataset,
+            PositionedSamples(self.dataset, augment),
             batch_size=plan.per_rank,
             sampler=order,
             num_workers=self.options.workers,

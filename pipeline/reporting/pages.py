@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.reporting import answer, table
 from pipeline.reporting.plots import PLOTS
+from pipeline.results import NOT_SEPARABLE
 from pipeline.tracking.comparison import Comparison, Registration
 
 TITLE = "parallel-lab: which strategy for this hardware"
@@ -110,6 +111,12 @@ def _legend(rows: list[dict], target: float | None) -> str:
         else "CPU run: peak resident set size per process (rank), highest epoch, in place of "
         "GPU memory"
     )
+    evaluation = (
+        "the eval peak the evaluation after them, each reset before it"
+        if rows[0]["memory_kind"] == "gpu"
+        else f"evaluation's peak is {NOT_SEPARABLE} (a process's RSS during evaluation still "
+        "holds training's heap)"
+    )
     return (
         f"Steady s/epoch is the median over the epochs not marked warm-up (the first "
         f"epoch each process ran: epoch 1, shown apart, and a resumed one), steady "
@@ -120,8 +127,7 @@ def _legend(rows: list[dict], target: float | None) -> str:
         f"against {table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
         f"time until test accuracy first reached "
         f"{target if target is not None else '(none set)'}. Memory: {memory}; the training "
-        f"peak (and its imbalance) covers the training steps only, the eval peak the "
-        f"evaluation after them, each reset before it. {EVAL_SPLIT}"
+        f"peak (and its imbalance) covers the training steps only, {evaluation}. {EVAL_SPLIT}"
     )
 
 

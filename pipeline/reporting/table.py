@@ -109,7 +109,10 @@ def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
     return "not reached" if v is None else f"{v:.1f} s (epoch {row['epoch_to_target']})"
 
 
-def _memory_cell(v: dict, row: dict[str, Any]) -> str:
+def _memory_cell(v: dict | str, row: dict[str, Any]) -> str:
+    """Each device's MiB; a figure that cannot be measured says why (memory.NOT_SEPARABLE)."""
+    if isinstance(v, str):
+        return v
     return ", ".join(f"{label} {mib:.0f}" for label, mib in v.items()) or "n/a"
 
 

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from pipeline import memory
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config
 from pipeline.context import DistContext
@@ -33,7 +34,9 @@ from pipeline.training.precision import (
     compile_forward,
     configure_backends,
     fallback,
+    gpu_capability,
     graph_step_marker,
+    job_capabilities,
 )
 
 
@@ -48,7 +51,8 @@ class Training:
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
     # how `forward` was made, for a run's setting measured before training (tuning.py)
     loop: LoopForward
-    notes: tuple[str, ...]  # the strategy's, then the precision's and compile's
+    # the strategy's, then the precision's, compile's, the loader's and memory's
+    notes: tuple[str, ...]
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
@@ -66,7 +70,9 @@ def build_training(
     """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision.
     A run with a setting still to decide (`run.tuned`) is settled by tuning.py."""
     device, facts = ctx.device, strategy.FACTS
-    prec = build_precision(cfg.train.precision, device)
+    # one precision for the job, which every rank computes its gradients in (a collective)
+    capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
+    prec = build_precision(cfg.train.precision, device, capabilities)
     model = build_model(cfg.model.width, cfg.seed).to(device, prec.dtype)
     run = strategy.parallelize(model, getattr(cfg, facts.name), plan, ctx, prec.autocast)
     prec, channels_last = fit_to_strategy(prec, run, facts, cfg.train.channels_last)
@@ -84,6 +90,17 @@ def build_training(
 
     forward, compile_notes = prepare(run.forward if isinstance(run, DataParallelRun) else None)
     new_graph_step = graph_step_marker(train, facts.cuda_graphs)
+    loader = make_batches(
+        data,
+        cfg.data,
+        cfg.seed,
+        plan,
+        plan.data_rank(ctx.rank),
+        prec.dtype,
+        channels_last,
+        device,
+        raw_dir,
+    )
     return Training(
         run=run,
         facts=facts,
@@ -96,19 +113,9 @@ def build_training(
             channels_last=channels_last,
             new_graph_step=new_graph_step,
         ),
-        notes=(*run.notes, *prec.notes, *compile_notes),
+        notes=(*run.notes, *prec.notes, *compile_notes, *loader.notes, *memory.notes(device)),
         prec=prec,
-        loader=make_batches(
-            data,
-            cfg.data,
-            cfg.seed,
-            plan,
-            plan.data_rank(ctx.rank),
-            prec.dtype,
-            channels_last,
-            device,
-            raw_dir,
-        ),
+        loader=loader,
         optimizer=make_optimizer(run.module.parameters(), cfg.train),
         loss_fn=loss_function(cfg.train, schedule_owns_loss=pipelined),
     )

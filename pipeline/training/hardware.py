@@ -5,7 +5,8 @@ other numbers (kernels, rounding, timings, memory), so it is never resumed there
     kind        per GPU used, its name and compute capability; on the CPU, the processor's
                 model and the instruction set torch's kernels dispatch to (AVX2, AVX512, ...)
     count       devices computed on (processes, on the CPU)
-    precision   the arithmetic that runs, after `auto` and any fallback
+    precision   the arithmetic that runs, after `auto` and any fallback: the job's, one for
+                every rank, decided by its oldest GPU (precision.py)
     torch       torch's version, and the CUDA version it was built with
 
 Every rank contributes its own facts and all of them are kept, so the nodes of a multi-node
@@ -65,7 +66,12 @@ def local_facts(
 
 
 def merge(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One record for the job: the first rank's, with every rank's device kinds."""
+    """One record for the job: the first rank's, with every rank's device kinds (each GPU's
+    compute capability among them). The precision is the job's; ranks that ran another would
+    be a record of one rank passed off as the job's, so that is refused."""
+    precisions = [facts["precision"] for facts in per_rank]
+    if len(set(precisions)) > 1:
+        raise RuntimeError(f"the ranks of one job run different precisions: {precisions}")
     merged = dict(per_rank[0])
     merged["kind"] = sorted({kind for facts in per_rank for kind in facts["kind"]})
     return merged

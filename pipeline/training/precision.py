@@ -2,9 +2,9 @@
 switches that go with them (TF32, cuDNN autotuning, torch.compile).
 
 `train.precision`:
-  auto  bf16 on a GPU of compute capability 8.0 or newer (native bfloat16), fp16 with loss
-        scaling on an older GPU (bf16 would be emulated there), fp32 on the CPU (measured:
-        README "Performance").
+  auto  bf16 on GPUs of compute capability 8.0 or newer (native bfloat16), fp16 with loss
+        scaling where a GPU is older (bf16 would be emulated there), fp32 on the CPU
+        (measured: README "Performance").
   fp32  IEEE fp32. On CUDA TF32 is switched off for convolutions as well as matmuls (PyTorch
         allows it for cuDNN convolutions by default), so fp32 means fp32 on every GPU.
   fp64  fp64 parameters and inputs, for exact cross-strategy parity tests.
@@ -15,18 +15,24 @@ switches that go with them (TF32, cuDNN autotuning, torch.compile).
 What cannot apply on the device falls back to fp32 and says so in `notes`, which the run
 prints and records. The loop only calls `autocast()`, `backward()` and `step()`; with fp32 or
 fp64 they are plain `loss.backward()` and `optimizer.step()`.
+
+The choice is the job's, made once from every rank's GPU (`job_capabilities`): the lowest
+compute capability decides `auto` and the fallbacks for all of them. Chosen per rank, an A100
+and a T4 in one job would run bf16 and fp16 with a loss scale of 65536, and DDP/FSDP would
+average scaled gradients with unscaled ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 
 from pipeline.config import TrainConfig
 
@@ -61,26 +67,65 @@ class Precision:
         self.scaler.update()
 
 
+Capability = tuple[int, int]  # a GPU's compute capability, (major, minor)
 NATIVE_BF16 = (8, 0)  # compute capability from which a GPU has bfloat16 units (Ampere)
+NAMED_RANKS = 4  # ranks a note names before it counts the rest
 
 
-def auto_choice(kind: str, capability: Optional[tuple[int, int]]) -> tuple[str, list[str]]:
-    """What `precision: auto` runs, and the note that says why where it is not the obvious
-    bf16: fp32 on the CPU; bf16 on a GPU with native bfloat16; fp16 with loss scaling on an
-    older GPU, where bf16 would be emulated (torch.cuda.is_bf16_supported() counts emulation
-    unless asked not to)."""
+def auto_choice(kind: str, capability: Optional[Capability]) -> tuple[str, list[str]]:
+    """What `precision: auto` runs on one device, and the note that says why where it is not
+    the obvious bf16: fp32 on the CPU; bf16 on a GPU with native bfloat16; fp16 with loss
+    scaling on an older GPU, where bf16 would be emulated (torch.cuda.is_bf16_supported()
+    counts emulation unless asked not to)."""
     if kind != "cuda":
         return "fp32", []
     if capability is not None and capability >= NATIVE_BF16:
         return "bf16", []
-    cc = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
     return "fp16", [
-        f"precision auto: this GPU (compute capability {cc}) has no native bfloat16; fp16 "
-        "autocast with loss scaling instead"
+        f"precision auto: this GPU (compute capability {_cc(capability)}) has no native "
+        "bfloat16; fp16 autocast with loss scaling instead"
     ]
 
 
-def gpu_capability(device: torch.device) -> Optional[tuple[int, int]]:
+def lowest_capability(
+    capabilities: Sequence[Optional[Capability]],
+) -> tuple[Optional[Capability], list[int]]:
+    """The lowest of every rank's compute capability (in rank order) and the ranks whose GPU
+    has it. One that CUDA could not read (None) counts as the lowest: bf16 is never assumed."""
+    known = [c for c in capabilities if c is not None]
+    lowest = min(known) if len(known) == len(capabilities) else None
+    return lowest, [rank for rank, c in enumerate(capabilities) if c == lowest]
+
+
+def job_auto_choice(
+    kind: str, capabilities: Sequence[Optional[Capability]]
+) -> tuple[str, list[str]]:
+    """What `precision: auto` runs on every rank of a job, from every rank's compute
+    capability in rank order: auto_choice for the lowest, so no rank runs bf16 beside a GPU
+    without it; a job of several ranks running fp16 is told which ranks decided it."""
+    lowest, ranks = lowest_capability(capabilities)
+    name, notes = auto_choice(kind, lowest)
+    if notes and len(capabilities) > 1:
+        notes = [
+            f"precision auto: {name} with loss scaling for the job: the lowest compute "
+            f"capability among its GPUs is {_cc(lowest)} ({_ranks(ranks)}), which has no "
+            "native bfloat16"
+        ]
+    return name, notes
+
+
+def _cc(capability: Optional[Capability]) -> str:
+    return "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    """ "rank 3", "ranks 0, 2", "ranks 0, 1, 2, 3 and 60 more" """
+    named = ", ".join(map(str, ranks[:NAMED_RANKS]))
+    more = f" and {len(ranks) - NAMED_RANKS} more" if len(ranks) > NAMED_RANKS else ""
+    return f"rank{'s' if len(ranks) > 1 else ''} {named}{more}"
+
+
+def gpu_capability(device: torch.device) -> Optional[Capability]:
     """The GPU's compute capability; None for the CPU, or where CUDA cannot say."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
@@ -88,23 +133,38 @@ def gpu_capability(device: torch.device) -> Optional[tuple[int, int]]:
     return major, minor
 
 
+def job_capabilities(mine: Optional[Capability], world_size: int) -> list[Optional[Capability]]:
+    """Every rank's compute capability in rank order, on every rank: a collective where the
+    job has several ranks (every rank calls it). `mine`: this rank's (gpu_capability)."""
+    if world_size == 1 or not dist.is_initialized():
+        return [mine]
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
 def build_precision(
-    name: str, device: torch.device, capability: Optional[tuple[int, int]] = None
+    name: str,
+    device: torch.device,
+    capabilities: Optional[Sequence[Optional[Capability]]] = None,
 ) -> Precision:
-    """`capability`: the GPU's compute capability; None reads it from `device` (a seam for
-    the tests, which have no GPU)."""
+    """The precision every rank of the job runs. `capabilities`: every rank's compute
+    capability in rank order (job_capabilities), the lowest of which decides `auto` and the
+    fallbacks for all; None: `device`'s alone (one process, and the seam of the tests, which
+    have no GPU)."""
     kind = device.type
-    if capability is None:
-        capability = gpu_capability(device)
+    if capabilities is None:
+        capabilities = [gpu_capability(device)]
     notes: list[str] = []
     if name == "auto":
-        name, notes = auto_choice(kind, capability)
-    precision = _resolve(name, kind, capability)
+        name, notes = job_auto_choice(kind, capabilities)
+    precision = _resolve(name, kind, lowest_capability(capabilities)[0])
     precision.notes[:0] = notes
     return precision
 
 
-def _resolve(name: str, kind: str, capability: Optional[tuple[int, int]]) -> Precision:
+def _resolve(name: str, kind: str, capability: Optional[Capability]) -> Precision:
+    """`capability`: the lowest of the job's GPUs, which every rank falls back for."""
     native_bf16 = capability is not None and capability >= NATIVE_BF16
     if name == "fp64":
         return Precision("fp64", torch.float64, kind)
@@ -116,12 +176,14 @@ def _resolve(name: str, kind: str, capability: Optional[tuple[int, int]]) -> Pre
         return fallback(
             name,
             kind,
-            "TF32 needs the tensor cores of a CUDA GPU of compute capability 8.0 or newer",
+            "TF32 needs the tensor cores of CUDA GPUs of compute capability 8.0 or newer",
         )
     if name == "bf16":
         if kind == "cuda" and not native_bf16:
             return fallback(
-                name, kind, "this GPU has no native bfloat16 (compute capability < 8.0)"
+                name,
+                kind,
+                f"a GPU of the job has no native bfloat16 (compute capability {_cc(capability)})",
             )
         return Precision("bf16", torch.float32, kind, AUTOCAST["bf16"])
     if name == "fp16":

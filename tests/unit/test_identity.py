@@ -181,6 +181,18 @@ def test_the_hardware_record_names_gpus_cpus_precision_and_versions():
     assert merge([cpu, node1])["kind"] == ["AMD EPYC (AVX512)", "Intel Xeon (AVX2)"]
 
 
+def test_the_record_of_a_mixed_gpu_job_holds_each_capability_and_its_one_precision():
+    a100, t4 = "NVIDIA A100 (compute capability 8.0)", "Tesla T4 (compute capability 7.5)"
+    ranks = [
+        local_facts(["cuda:0"], "fp16", 2, gpu=lambda i, kind=kind: kind) for kind in (a100, t4)
+    ]
+    job = merge(ranks)
+    assert job["kind"] == [a100, t4] and job["precision"] == "fp16"
+    ranks[0]["precision"] = "bf16"  # what each rank chose for itself before issue 28
+    with pytest.raises(RuntimeError, match=r"different precisions: \['bf16', 'fp16'\]"):
+        merge(ranks)
+
+
 def test_the_world_size_counts_only_where_the_trajectory_depends_on_it(tmp_path):
     """ddp and fsdp with SyncBN compute the same at any world size: their checkpoints resume
     at another one, resharded. Without SyncBN each rank's BatchNorm sees its own share."""

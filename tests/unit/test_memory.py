@@ -86,9 +86,33 @@ def test_epoch_metrics_keep_training_and_evaluation_apart():
         "eval_mem_imbalance": pytest.approx(1.5),
         "eval_gpu0_share": pytest.approx(0.25),
     }
-    cpu = memory.epoch_metrics([DevicePeak("cpu0", 900.0, None)], [DevicePeak("cpu0", 700.0, None)])
-    assert cpu["cpu0/peak_rss_mib"] == 900.0 and cpu["cpu0/eval_peak_rss_mib"] == 700.0
-    assert cpu["cpu0_share"] == cpu["eval_cpu0_share"] == 1.0
+
+
+def test_the_cpu_has_no_evaluation_peak_of_its_own():
+    """A process's peak RSS during evaluation still holds training's heap (clear_refs resets
+    it to the current RSS, not to zero): no eval figure is kept on the CPU, only training's."""
+    cpu = memory.epoch_metrics(
+        [DevicePeak("cpu0", 900.0, None), DevicePeak("cpu1", 900.0, None)],
+        [DevicePeak("cpu0", 700.0, None), DevicePeak("cpu1", 950.0, None)],
+    )
+    assert cpu == {
+        "cpu0/peak_rss_mib": 900.0,
+        "cpu1/peak_rss_mib": 900.0,
+        "mem_imbalance": 1.0,
+        "cpu0_share": 0.5,
+    }
+    # metrics.json says why where the figures would be, also from epochs recorded with them
+    recorded = {**cpu, "cpu0/eval_peak_rss_mib": 700.0, "eval_mem_imbalance": 1.1}
+    for epochs in ([cpu], [recorded, cpu]):
+        summary = memory.run_summary(epochs)
+        assert summary["memory_kind"] == "cpu"
+        assert summary["peak_memory_mib"] == {"cpu0": 900.0, "cpu1": 900.0}
+        assert summary["eval_peak_memory_mib"] == "not separable on CPU" == memory.NOT_SEPARABLE
+        assert summary["eval_peak_reserved_mib"] == {} and summary["eval_mem_imbalance"] is None
+        assert "eval_cpu0_share" not in summary
+    (note,) = memory.notes(torch.device("cpu"))
+    assert note.startswith("memory: evaluation's peak is not separable on CPU")
+    assert memory.notes(torch.device("cuda", 0)) == []
 
 
 def test_run_summary_takes_each_devices_highest_epoch():
@@ -127,8 +151,8 @@ def test_run_summary_takes_each_devices_highest_epoch():
     assert none["memory_kind"] == "none" and none["peak_memory_mib"] == {}
     assert none["mem_imbalance"] is None and none["eval_mem_imbalance"] is None
     # epochs recorded before evaluation was measured apart (an old checkpoint): no eval peaks
-    old = memory.run_summary([memory.epoch_metrics([DevicePeak("cpu0", 900.0, None)])])
-    assert old["memory_kind"] == "cpu" and old["peak_memory_mib"] == {"cpu0": 900.0}
+    old = memory.run_summary([memory.epoch_metrics([DevicePeak("gpu0", 900.0, 1024.0)])])
+    assert old["memory_kind"] == "gpu" and old["peak_memory_mib"] == {"gpu0": 900.0}
     assert old["eval_peak_memory_mib"] == {} and old["eval_mem_imbalance"] is None
 
 

@@ -223,6 +223,11 @@ def test_rows_without_single_say_so_instead_of_inventing_a_baseline():
     assert "eval peak RSS (CPU) MiB per process" in text
     assert "| cpu0 900, cpu1 800 | 1.00 | n/a |" in text
     assert "| n/a | n/a |" in text and "not reached" in text
+    # a CPU run's evaluation has no peak of its own (pipeline.results.NOT_SEPARABLE)
+    ddp.memory.update(eval_peak_memory_mib="not separable on CPU", eval_mem_imbalance=None)
+    (row,) = table.comparison_rows([ddp], {"ddp": history([0.5], [4.0])}, 0.9)
+    text = table.markdown_table([row], 0.9)
+    assert "| cpu0 900, cpu1 800 | 1.00 | not separable on CPU |" in text
 
 
 def test_target_accuracy_is_a_fraction():

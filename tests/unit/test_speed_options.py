@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms.functional as TF
@@ -14,8 +15,11 @@ from torch import nn
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config, ConfigError, TrainConfig, load_config
+from pipeline.data import loaders
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
+from pipeline.data.fashion_mnist import FILES
+from pipeline.data.idx import write_idx_gz
 from pipeline.data.loaders import (
     DataLoaderBatches,
     DeviceBatches,
@@ -36,6 +40,7 @@ from pipeline.training.precision import (
     compile_forward,
     configure_backends,
 )
+from support import write_raw
 
 CPU = torch.device("cpu")
 
@@ -103,7 +108,6 @@ def test_the_dataloader_path_augments_with_torchvisions_transforms(tensors, raw_
     """data.loader=dataloader with data.augment: every batch is cropped and flipped by
     torchvision (so differs from the plain batch of the same samples), shapes unchanged."""
     plain = list(dataloader_batches(tensors, raw_dataset[0]).epoch(0))
-    torch.manual_seed(0)  # torchvision's transforms draw from the global generator
     augmented = list(dataloader_batches(tensors, raw_dataset[0], "data.augment=true").epoch(0))
     assert len(plain) == len(augmented) == 16
     for (_, [(x, y)]), (_, [(xa, ya)]) in zip(plain, augmented):
@@ -126,13 +130,21 @@ def flat(steps) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [pair for _, micro in steps for pair in micro]
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_loaders_give_identical_batches_when_their_permutations_agree(tensors, raw_dataset, accum):
+@pytest.mark.parametrize("accum, augment", [(1, "false"), (2, "false"), (2, "true")])
+def test_loaders_give_identical_batches_when_their_permutations_agree(
+    tensors, raw_dataset, accum, augment
+):
     """At seed 0 the device path's generator (seed * 1000003 + epoch) and the samplers'
     (seed + epoch) get the same seed, and on the CPU draw the same permutation: then the
     torchvision path (PIL, ToTensor, Normalize, DataLoader) must produce exactly the device
-    path's batches, accumulation split and dropped remainder included."""
-    opts = ("seed=0", f"train.grad_accum={accum}", "data.limit_train=200")
+    path's batches, accumulation split and dropped remainder included, and with augmentation
+    each position's crop and flip (augment_plan, drawn on the CPU by both)."""
+    opts = (
+        "seed=0",
+        f"train.grad_accum={accum}",
+        "data.limit_train=200",
+        f"data.augment={augment}",
+    )
     device = device_batches(tensors, *opts)
     loader = dataloader_batches(tensors, raw_dataset[0], *opts)
     assert device.steps == loader.steps == 200 // 32
@@ -143,10 +155,12 @@ def test_loaders_give_identical_batches_when_their_permutations_agree(tensors, r
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
-def test_dataloader_ranks_together_train_singles_batch(tensors, raw_dataset):
+@pytest.mark.parametrize("augment", ["false", "true"])
+def test_dataloader_ranks_together_train_singles_batch(tensors, raw_dataset, augment):
     """DistributedSampler strides over the same seeded permutation the single-rank sampler
-    draws, so the ranks' shares make up single's batch (the device path's rule)."""
-    opts = ("seed=3", "train.grad_accum=2")
+    draws, so the ranks' shares make up single's batch (the device path's rule); augmented
+    too, as a sample's crop and flip follow its position in that permutation, not its rank."""
+    opts = ("seed=3", "train.grad_accum=2", f"data.augment={augment}")
     single = flat(dataloader_batches(tensors, raw_dataset[0], *opts).epoch(2))
     ranks = [
         flat(dataloader_batches(tensors, raw_dataset[0], *opts, rank=r, world=2).epoch(2))
@@ -160,7 +174,7 @@ def test_dataloader_ranks_together_train_singles_batch(tensors, raw_dataset):
 
 @pytest.mark.parametrize("loader", ["device", "dataloader"])
 def test_a_resumed_epoch_continues_with_the_same_batches(tensors, raw_dataset, loader):
-    opts = ("seed=5", "data.augment=true") if loader == "device" else ("seed=5",)
+    opts = ("seed=5", "data.augment=true")
     make = (
         (lambda: device_batches(tensors, *opts))
         if loader == "device"
@@ -170,6 +184,51 @@ def test_a_resumed_epoch_continues_with_the_same_batches(tensors, raw_dataset, l
     assert [s for s, _ in tail] == list(range(5, 16))
     for (_, micro), (_, again) in zip(whole[5:], tail):
         assert all(torch.equal(a, b) for pa, pb in zip(micro, again) for a, b in zip(pa, pb))
+
+
+@pytest.fixture(scope="module")
+def one_image_raw(tmp_path_factory) -> Path:
+    """IDX files whose 512 training images are one image: what tells two batches apart is
+    then their augmentation alone."""
+    directory = tmp_path_factory.mktemp("one-image")
+    write_raw(directory)
+    image = np.arange(28 * 28, dtype=np.uint8).reshape(1, 28, 28) % 251  # no symmetry
+    write_idx_gz(directory / FILES["train"][0], np.repeat(image, 512, axis=0))
+    return directory
+
+
+def augmented_epoch(tensors, raw_dir, rank: int, epoch: int, *overrides: str) -> list:
+    """Rank `rank` of 2's augmented images of `epoch`, as its own process would load them:
+    each process seeds the global RNG alike (session.py), which must not decide them."""
+    torch.manual_seed(0)
+    batches = dataloader_batches(
+        tensors, raw_dir, "data.augment=true", *overrides, rank=rank, world=2
+    )
+    return [x for x, _ in flat(batches.epoch(epoch))]
+
+
+def test_dataloader_ranks_augment_their_samples_differently(tensors, one_image_raw):
+    """Issue 28: the k-th sample of every rank got the same crop and flip. Every image being
+    the same, the ranks' batches differ where their augmentations do: in every batch. The
+    same rank, epoch and seed give the same bits, whatever the global RNG holds; another
+    epoch or seed gives others."""
+    rank0, rank1 = (augmented_epoch(tensors, one_image_raw, r, 1) for r in (0, 1))
+    assert len(rank0) == len(rank1) == 16
+    assert not any(torch.equal(a, b) for a, b in zip(rank0, rank1))
+    torch.manual_seed(1234)  # another global RNG state, and worker processes: the same bits
+    batches = dataloader_batches(
+        tensors, one_image_raw, "data.augment=true", "data.workers=2", rank=0, world=2
+    )
+    again = [x for x, _ in flat(batches.epoch(1))]
+    assert all(torch.equal(a, b) for a, b in zip(rank0, again))
+    assert batches.notes == (loaders.AUGMENT_NOTE,)
+    assert (
+        "no two ranks share them" in batches.notes[0] and "another world size" in batches.notes[0]
+    )
+    other_epoch = augmented_epoch(tensors, one_image_raw, 0, 2)
+    other_seed = augmented_epoch(tensors, one_image_raw, 0, 1, "seed=1")
+    for other in (other_epoch, other_seed):
+        assert not any(torch.equal(a, b) for a, b in zip(rank0, other))
 
 
 def test_channels_last_inputs(tensors):
@@ -223,12 +282,73 @@ def test_auto_takes_bf16_only_where_the_gpu_has_it(kind, capability, name, noted
 
 def test_bf16_asked_of_an_old_gpu_falls_back_with_a_note():
     """Through the capability seam (no GPU here): the Precision a V100 gets for bf16."""
-    prec = build_precision("bf16", CPU, capability=(7, 0))
+    prec = build_precision("bf16", CPU, [(7, 0)])
     assert prec.name == "bf16"  # on the CPU the capability does not matter
     old = precision._resolve("bf16", "cuda", (7, 0))
     assert old.name == "fp32" and "no native bfloat16" in old.notes[0]
     assert precision._resolve("bf16", "cuda", (8, 6)).autocast_dtype == torch.bfloat16
     assert precision._resolve("tf32", "cuda", (7, 5)).name == "fp32"
+
+
+A100, T4, H100, V100 = (8, 0), (7, 5), (9, 0), (7, 0)
+
+
+@pytest.mark.parametrize(
+    "capabilities, lowest, ranks",
+    [
+        ([A100], A100, [0]),
+        ([H100, A100], A100, [1]),
+        ([A100, T4, H100, T4], T4, [1, 3]),
+        ([V100, T4], V100, [0]),  # (7, 0) < (7, 5): compared as (major, minor)
+        ([(8, 6), (8, 9)], (8, 6), [0]),
+        ([H100, None, A100], None, [1]),  # unknown counts as the lowest
+        ([None], None, [0]),
+    ],
+)
+def test_the_lowest_capability_and_the_ranks_that_have_it(capabilities, lowest, ranks):
+    assert precision.lowest_capability(capabilities) == (lowest, ranks)
+
+
+def test_auto_is_decided_for_the_job_by_its_lowest_capability():
+    """Every mix of the GPUs of two ranks, against what each GPU alone would take: bf16 only
+    where both have it, the same whichever rank holds the older GPU."""
+    gpus = [V100, T4, A100, (8, 6), H100, None]
+    for first in gpus:
+        for second in gpus:
+            alone = {auto_choice("cuda", c)[0] for c in (first, second)}
+            name, notes = precision.job_auto_choice("cuda", [first, second])
+            assert name == ("bf16" if alone == {"bf16"} else "fp16")
+            assert bool(notes) == (name == "fp16")
+            assert precision.job_auto_choice("cuda", [second, first])[0] == name
+    assert precision.job_auto_choice("cpu", [None, None]) == ("fp32", [])
+
+
+def test_a_mixed_job_says_which_rank_decided_fp16():
+    name, notes = precision.job_auto_choice("cuda", [A100, A100, H100, T4])
+    assert (name, notes) == (
+        "fp16",
+        [
+            "precision auto: fp16 with loss scaling for the job: the lowest compute capability "
+            "among its GPUs is 7.5 (rank 3), which has no native bfloat16"
+        ],
+    )
+    many = precision.job_auto_choice("cuda", [T4] * 6)[1][0]
+    assert "is 7.5 (ranks 0, 1, 2, 3 and 2 more)" in many
+    # one process: the note of its one GPU, as before
+    assert precision.job_auto_choice("cuda", [T4]) == auto_choice("cuda", T4)
+
+
+def test_every_rank_builds_the_precision_of_the_jobs_oldest_gpu():
+    """What build_precision gives an A100 rank and a T4 rank of one job, through the
+    capability seam: the same precision on both, fallbacks included."""
+    cuda = torch.device("cuda", 0)  # never touched: no GPU here
+    job = [A100, T4]
+    for asked in ("bf16", "tf32"):
+        built = [build_precision(asked, cuda, job) for _ in job]
+        assert [p.name for p in built] == ["fp32", "fp32"]
+        assert [p.autocast_dtype for p in built] == [None, None]
+    fine = build_precision("auto", cuda, [A100, H100])
+    assert (fine.name, fine.autocast_dtype, fine.notes) == ("bf16", torch.bfloat16, [])
 
 
 def test_fp64_is_plain_fp64():
