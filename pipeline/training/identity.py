@@ -6,8 +6,9 @@ resumed. Everything that shapes the trajectory, and nothing else:
                 MLflow, reporting, checkpointing, launch settings or other strategies' sections)
     strategy    and its world size, where the strategy's trajectory depends on it
     hardware    the devices, their kind, count and precision, torch and CUDA (hardware.py)
-    code        the source of every module of the data, training and strategy code this run
-                imported, as a syntax tree: comments, docstrings and formatting do not count
+    code        the source of every module of the project this run imported but those that
+                only hand on its numbers (NOT_IDENTITY), as a syntax tree: comments,
+                docstrings and formatting do not count
     data        the SHA-256 of the training tensors the fetch stage wrote
 
 A checkpoint whose identity differs is not resumed; `difference` says in one line why.
@@ -39,15 +40,27 @@ SHAPING = (
     "model.",
     "train.",
 )
-# the modules whose code shapes what a run computes (the launcher, tracking and reporting
-# code do not)
-TRAJECTORY_CODE = (
-    "pipeline.config",
-    "pipeline.batch_plan",
-    "pipeline.context",
-    "pipeline.data.",
-    "pipeline.training.",
-    "pipeline.strategies.",
+# The project's modules a train stage runs that are not part of the identity (a name ending
+# in "." is a package); every other one a run imports is. A change to one of these re-runs
+# the stage (dvc.yaml), which resumes the finished run and hands on the numbers it has: so
+# none of these may measure or compute a number a run reports. pipeline.results is in: it
+# computes the summary's figures, and MLflow keeps the metrics.json it was given first.
+# tests/unit/test_identity.py checks that every train-stage dependency is one or the other.
+NOT_IDENTITY = (
+    # they hand on what a run measured as it is kept on disk: to MLflow (whose system-metrics
+    # sampler runs only while a run trains) and into files
+    "pipeline.tracking.",
+    "pipeline.files",
+    # the command: reads the command line, starts the launcher or a worker, reports failures
+    "pipeline.train",
+    "pipeline.cli",
+    "pipeline.errors",
+    # the launcher's alone (no worker imports them): they choose the devices, the number of
+    # processes and torchrun's settings, and the identity holds what they chose (hardware,
+    # world size)
+    "pipeline.training.launcher",
+    "pipeline.training.devices",
+    "pipeline.training.topology",
 )
 
 
@@ -153,14 +166,24 @@ def run_identity(
     )
 
 
+def in_identity(module: str) -> bool:
+    """Whether a module's code is part of a run's identity: every module of the project but
+    NOT_IDENTITY's."""
+    project = module == "pipeline" or module.startswith("pipeline.")
+    return project and not any(
+        (module + ".").startswith(name) if name.endswith(".") else module == name
+        for name in NOT_IDENTITY
+    )
+
+
 def code_digests() -> dict[str, str]:
-    """Digests of the trajectory-shaping modules this process has imported. Imports of the
+    """Digests of the modules in the identity this process has imported. Imports of the
     project's own modules all happen at module level (tests/unit/test_layout.py), so by the
     time a run has built its strategy, every module it will run is here."""
     out = {}
     for name, module in sorted(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path and (name + ".").startswith(TRAJECTORY_CODE):
+        if path and in_identity(name):
             depth = len(name.split(".")) - (Path(path).name != "__init__.py")
             root = Path(path).parents[depth]  # the directory that holds the package
             out[str(Path(path).relative_to(root))] = source_digest(Path(path))

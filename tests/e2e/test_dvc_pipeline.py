@@ -1,6 +1,7 @@
 """A real `dvc repro` of the whole pipeline on a tiny config, checked like a user would."""
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -116,6 +117,76 @@ def test_dvc_plots_and_metrics_show(repro):
     project, _ = repro
     assert "test_acc" in dvc(project, "metrics", "show").stdout
     dvc(project, "plots", "show", "--json")
+
+
+def single_runs(client: MlflowClient) -> dict:
+    experiment = client.get_experiment_by_name("tests")
+    runs = client.search_runs([experiment.experiment_id], "tags.dvc_stage = 'train@single'")
+    return {r.info.run_id: r for r in runs}
+
+
+def logged(client: MlflowClient, run_id: str) -> dict[str, list[tuple]]:
+    """Every metric of the run, each (step, value, timestamp) MLflow holds of it."""
+    keys = client.get_run(run_id).data.metrics
+    return {
+        k: [(m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, k)]
+        for k in keys
+    }
+
+
+def edit(path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, path
+    path.write_text(text.replace(old, new))
+
+
+def test_a_code_edit_retrains_or_hands_on_the_same_numbers(repro, tmp_path):
+    """Issue 28: an edit to pipeline/memory.py re-ran train@single, which resumed the finished
+    run and logged its old memory figures again. Now an edit to a module in the run's identity
+    (memory.py measures) trains afresh, in a new MLflow run, the old one kept as it ended; an
+    edit to one that only delivers numbers (tracking/mlflow_run.py) re-runs the stage, which
+    trains nothing and leaves MLflow as it was. On a copy: the other tests read `repro`."""
+    project = tmp_path / "project"
+    shutil.copytree(repro[0], project, symlinks=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    ((old_id, old),) = single_runs(client).items()
+    old_metrics = logged(client, old_id)
+    # a real change (the identity digests the syntax tree): memory figures in KiB, still
+    # named MiB, so the new code's figures are 1024 times the old ones
+    edit(project / "pipeline/memory.py", "MIB = 2**20\n", "MIB = 2**10\n")
+    retrained = dvc(project, "repro", "train@single")
+    assert (
+        "train[single]: not resuming checkpoints/single: its code differs (pipeline/memory.py)"
+        in retrained.stdout
+    ), retrained.stdout
+    runs = single_runs(client)
+    assert set(runs) > {old_id} and len(runs) == 2
+    (new_id,) = set(runs) - {old_id}
+    kept = runs[old_id]
+    assert (kept.info.status, kept.info.end_time) == ("FINISHED", old.info.end_time)
+    assert logged(client, old_id) == old_metrics
+    new_metrics = logged(client, new_id)
+    assert runs[new_id].info.status == "FINISHED"
+    assert [m[0] for m in new_metrics["test_acc"]] == [1, 2]
+    for (_, before, _), (_, after, _) in zip(
+        old_metrics["cpu0/peak_rss_mib"], new_metrics["cpu0/peak_rss_mib"], strict=True
+    ):
+        assert after / before > 512, (before, after)  # measured by the new code
+    metrics_json = (project / "results/single/metrics.json").read_text()
+
+    edit(
+        project / "pipeline/tracking/mlflow_run.py",
+        "STEP_METRICS_FLUSH_S = 2.0\n",
+        "STEP_METRICS_FLUSH_S = 1.0\n",
+    )
+    again = dvc(project, "repro", "train@single")
+    assert "Running stage 'train@single'" in again.stdout  # a dependency changed
+    assert "train[single]: resuming at epoch 3 step 0" in again.stdout, again.stdout
+    assert "train[single] epoch" not in again.stdout  # no epoch trained
+    assert set(single_runs(client)) == {old_id, new_id}
+    assert logged(client, new_id) == new_metrics  # none again, none new
+    assert client.get_run(new_id).info.status == "FINISHED"
+    assert (project / "results/single/metrics.json").read_text() == metrics_json
 
 
 def test_exp_run_with_a_changed_param_reruns_train_and_compare_only(repro):

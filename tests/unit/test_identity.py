@@ -2,22 +2,29 @@
 resumed, and the one line that says why one was not."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline import strategies
 from pipeline.config import Config, flatten
 from pipeline.strategies import ddp, fsdp
 from pipeline.training.hardware import local_facts, merge
 from pipeline.training.identity import (
+    NOT_IDENTITY,
     SHAPING,
     RunIdentity,
     code_digests,
+    in_identity,
     run_identity,
     shapes,
     source_digest,
 )
+from support import REPO
 
 # What never changes what a run computes: where the data came from, which strategies the
 # experiment lists, which GPUs, the launch, checkpointing, MLflow, the report, `make quick`.
@@ -98,14 +105,14 @@ def test_a_record_without_an_identity_is_explained():
     assert "before runs recorded their identity" in identity().difference(None)
 
 
-def test_the_identity_covers_the_trajectory_code_this_process_imported(tmp_path):
+def test_the_identity_covers_the_code_this_process_imported(tmp_path):
     import pipeline.strategies.ddp  # noqa: F401 - what a ddp run imports
     import pipeline.training.session  # noqa: F401
 
     code = code_digests()
     assert "pipeline/strategies/ddp.py" in code and "pipeline/training/loop.py" in code
-    assert "pipeline/config.py" in code
-    assert not any(k.startswith(("pipeline/tracking/", "pipeline/reporting/")) for k in code)
+    assert "pipeline/config.py" in code and "pipeline/memory.py" in code
+    assert not any(k.startswith("pipeline/tracking/") for k in code)
     data = tmp_path / "tensors.pt"
     data.write_bytes(b"0123")
     first = run_identity(Config(), ddp.FACTS, 2, data, HW)
@@ -117,6 +124,56 @@ def test_the_identity_covers_the_trajectory_code_this_process_imported(tmp_path)
     assert run_identity(cfg, ddp.FACTS, 2, data, HW).key != first.key
     data.write_bytes(b"0124")
     assert run_identity(Config(), ddp.FACTS, 2, Path(data), HW).key != first.key
+
+
+def module_of(path: str) -> str:
+    parts = Path(path).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def worker_code() -> set[str]:
+    """The files in the identity of a worker of any strategy: code_digests in a fresh
+    interpreter that imported what `python -m pipeline.train` does under torchrun, and every
+    strategy."""
+    imports = ["pipeline.train", "pipeline.training.worker"]
+    imports += [f"pipeline.strategies.{name}" for name in strategies.NAMES]
+    code = (
+        "import importlib, json\n"
+        f"for name in {imports!r}:\n"
+        "    importlib.import_module(name)\n"
+        "from pipeline.training.identity import code_digests\n"
+        "print(json.dumps(sorted(code_digests())))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    ).stdout
+    return set(json.loads(out))
+
+
+def test_every_file_the_train_stage_depends_on_is_in_the_identity_or_named_outside_it():
+    """An edit to a train-stage dependency (dvc.yaml) re-runs the stage. Where the file is in
+    the identity of the runs that execute it (a strategy's own module in its runs' alone),
+    they train afresh; any other must be in NOT_IDENTITY, whose rerun resumes the finished
+    run and hands on what it measured. Issue 28: pipeline/memory.py was neither, and an
+    edit to it brought back the old memory figures."""
+    deps = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
+    files = set()
+    for dep in deps:
+        path = REPO / dep
+        if dep.startswith("pipeline/"):
+            tree = {p.relative_to(REPO).as_posix() for p in path.rglob("*.py")}
+            files |= tree if path.is_dir() else {dep}
+    code = worker_code()
+    assert sorted(f for f in files if f not in code and in_identity(module_of(f))) == []
+    assert sorted(f for f in code if not in_identity(module_of(f))) == []
+    modules = {module_of(p.relative_to(REPO).as_posix()) for p in REPO.glob("pipeline/**/*.py")}
+    for name in NOT_IDENTITY:  # each names a module or package of the project
+        assert any(m == name or (m + ".").startswith(name) for m in modules), name
 
 
 def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
