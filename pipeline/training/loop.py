@@ -10,9 +10,6 @@ to the host now and then without waiting (live.py).
 
 from __future__ import annotations
 
-import signal
-from types import FrameType
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,36 +22,7 @@ from pipeline.training.build import Training
 from pipeline.training.faults import Fault
 from pipeline.training.live import LiveProgress
 from pipeline.training.optim import lr_at, set_lr
-
-# Ranks vote on a SIGTERM every this many steps: an all-reduce every step would make every
-# rank wait for the slowest at every step boundary (on GPUs, a host-side barrier in a loop
-# that otherwise never waits), for a stop that comes at most once a run. 16 steps are well
-# under a second on a GPU, a few seconds on a CPU: nothing against docker stop's grace period.
-VOTE_EVERY_STEPS = 16
-
-
-class StopRequest:
-    """SIGTERM (what `docker stop` sends) asks for a checkpoint and a clean exit. Ranks must
-    agree on the step to stop at, so the flag is combined over a CPU (gloo) group at the step
-    boundaries that are multiples of VOTE_EVERY_STEPS: a host-side message, no GPU sync. One
-    process needs no vote: it stops at the next step."""
-
-    def __init__(self, group: dist.ProcessGroup | None = None, world_size: int = 1):
-        self.flag = False
-        self.group, self.world_size = group, world_size
-        signal.signal(signal.SIGTERM, self._handler)
-
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.flag = True
-
-    def agreed(self, step: int) -> bool:
-        if self.world_size == 1:
-            return self.flag
-        if step % VOTE_EVERY_STEPS:
-            return False
-        vote = torch.tensor([int(self.flag)])
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(vote.item())
+from pipeline.training.stop import StopRequest
 
 
 def train_epoch(
@@ -80,7 +48,7 @@ def train_epoch(
     if live is not None:
         live.begin(epoch, start_step, loader.steps, totals)
     for step, micro_batches in steps:
-        if stop.agreed(step):
+        if stop.agreed():  # a collective at the steps every rank picks alike (stop.py)
             return step
         if fault is not None:
             fault.fire_if("step", rank, epoch + 1, step, signalled=lambda: stop.flag)

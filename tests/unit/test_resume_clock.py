@@ -51,16 +51,17 @@ class Clock:
 
 
 class StopBefore:
-    """A SIGTERM that has arrived before step `step` (one process stops at once), after the
-    steps before it took SPENT seconds; `step` None: no SIGTERM."""
+    """A SIGTERM that has arrived before the process's step `step` (one process stops at
+    once), after the steps before it took SPENT seconds; `step` None: no SIGTERM."""
 
     def __init__(self, step: int | None, clock: Clock) -> None:
-        self.step, self.clock, self.flag = step, clock, False
+        self.step, self.clock, self.flag, self.steps = step, clock, False, 0
 
-    def agreed(self, step: int) -> bool:
-        if step == self.step and not self.flag:
+    def agreed(self) -> bool:
+        if self.steps == self.step and not self.flag:
             self.clock.offset += SPENT
             self.flag = True
+        self.steps += 1
         return self.flag
 
 
