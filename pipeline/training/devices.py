@@ -165,10 +165,25 @@ def nvidia_host(env: Mapping[str, str]) -> NvidiaHost:
 
 
 def visible_gpu_count() -> int:
-    """GPUs this process can see, without creating a CUDA context (NVML-based count)."""
+    """GPUs this process can see: NVML's count where NVML answers, which initialises no CUDA
+    in this process, so the workers can be forked from it (`workers_can_fork`).
+    torch.cuda.is_available() would ask the CUDA runtime (cuInit), and a CUDA driver
+    initialised before a fork fails in every child."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
+
+
+def workers_can_fork(gpus: list[str]) -> bool:
+    """Whether the workers may be forked from this process (they then inherit its imports
+    instead of loading torch again): not where they will use CUDA and this process has
+    initialised it, or counted the GPUs through the CUDA runtime because NVML did not answer."""
+    if not gpus:
+        return True
+    import torch
+
+    # _device_count_nvml: the count device_count() took, -1 where NVML failed (torch 2.14)
+    return not torch.cuda.is_initialized() and torch.cuda._device_count_nvml() >= 0
 
 
 def choose_devices(spec_text: str, env: Mapping[str, str]) -> list[str]:

@@ -55,9 +55,9 @@ NOT_IDENTITY = (
     "pipeline.train",
     "pipeline.cli",
     "pipeline.errors",
-    # the launcher's alone (no worker imports them): they choose the devices, the number of
-    # processes and torchrun's settings, and the identity holds what they chose (hardware,
-    # world size)
+    # the launcher's alone (a forked worker inherits them, but never runs them): they choose
+    # the devices, the number of processes and the agent's settings, and the identity holds
+    # what they chose (hardware, world size)
     "pipeline.training.launcher",
     "pipeline.training.devices",
     "pipeline.training.topology",

@@ -1,29 +1,30 @@
-"""Start one strategy's training under torchrun with the right number of processes.
+"""Start one strategy's training under torchrun's elastic agent, with the right number of
+processes.
 
-`python -m pipeline.train STRATEGY` lands here when it is not yet under torchrun: the config
-is validated, the devices resolved and the outputs checked in this one process, so bad input
-fails fast with one line and exit code 2 instead of N tracebacks; then torchrun starts the
-workers with the chosen GPUs as CUDA_VISIBLE_DEVICES (set before any worker initialises CUDA).
-A user error a worker finds later comes back the same way (one line, exit 2) through a file.
-The workers' stderr comes through this process; at a terminal they are told its width
-(live.TERMINAL_ENV), since what they write to is a pipe, and the writer shows a live bar.
+`python -m pipeline.train STRATEGY` lands here when it is not yet a worker: the config is
+validated, the devices resolved and the outputs checked in this one process, so bad input
+fails fast with one line and exit code 2 instead of N tracebacks. Then this process becomes
+the job's elastic agent (what `torchrun` runs, as a library: rendezvous, restarts, signal
+handling, several nodes) and forks the workers, with the chosen GPUs as
+CUDA_VISIBLE_DEVICES; forked, they start with torch and the project already imported. A user
+error a worker finds later comes back the same way (one line, exit 2) through a file, and
+the run's writer says how it ended through another (`stage_exit`).
 """
 
 from __future__ import annotations
 
+import functools
+import gc
+import logging
 import os
-import shlex
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import types
 from pathlib import Path
 
 from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
-from pipeline.config import Config
+from pipeline.config import Config, load_config
 from pipeline.data.fashion_mnist import train_samples
 from pipeline.errors import (
     ERROR_FILE_ENV,
@@ -39,35 +40,19 @@ from pipeline.results import CHECKPOINTS, RESULTS
 from pipeline.tracking.mlflow_run import FAILED, KILLED
 from pipeline.tracking.publish import publish_strategy
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
+from pipeline.training import worker
 from pipeline.training.checkpoint import Checkpointer
-from pipeline.training.devices import choose_devices
+from pipeline.training.devices import choose_devices, workers_can_fork
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.final_model import model_source
-from pipeline.training.live import TERMINAL_ENV, terminal_columns
 from pipeline.training.topology import (
-    Topology,
     check_job,
+    launch_settings,
     lost_node_hint,
     resolve_topology,
-    torchrun_args,
     worker_overrides,
 )
-
-
-def torchrun_command(
-    strategy: str, nproc: int, max_restarts: int, overrides: list[str], topology: Topology
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *torchrun_args(nproc, max_restarts, topology),
-        "-m",
-        "pipeline.train",
-        strategy,
-        *worker_overrides(overrides),
-    ]
 
 
 def check_writable(directory: Path) -> None:
@@ -98,34 +83,34 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     for directory in (RESULTS / name, CHECKPOINTS / name):
         check_writable(directory)
     plan.drawing_from(train_samples(cfg.data.limit_train))  # the data is there, and holds a batch
+    # what the workers train with: all but the dist.* overrides, which only shape the launch
+    worker_cfg = load_config("params.yaml", worker_overrides(overrides))
+    settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)
+    where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+    if topology.multi_node:
+        where += f", this node of {topology.nnodes}"
+    print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
     with tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp:
         error_file, outcome_file = Path(tmp) / "error.txt", Path(tmp) / "outcome"
-        error_file.touch()
-        # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine.
-        env = {
-            **os.environ,
-            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-            ERROR_FILE_ENV: str(error_file),
-            OUTCOME_FILE_ENV: str(outcome_file),
-        }
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        # the workers write to a pipe: whether the stage's output is a terminal is this
-        # process's to tell them (not an outer launcher's)
-        env.pop(TERMINAL_ENV, None)
-        columns = terminal_columns({}, sys.stderr)
-        if columns is not None:
-            env[TERMINAL_ENV] = str(columns)
-        cmd = torchrun_command(name, nproc, cfg.checkpoint.max_restarts, overrides, topology)
-        where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
-        if topology.multi_node:
-            where += f", this node of {topology.nnodes}"
-        print(f"launch[{name}]: {nproc} process(es) on {where}: {shlex.join(cmd[1:])}", flush=True)
-        code, signalled = run_forwarding_signals(cmd, env, error_file)
-        user_error = error_file.read_text().strip()
+        # The workers' environment is this process's: they are its children. "" hides every
+        # GPU: `devices: cpu` must mean the CPU even on a GPU machine.
+        os.environ.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+                ERROR_FILE_ENV: str(error_file),
+                OUTCOME_FILE_ENV: str(outcome_file),
+            }
+        )
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        start = "fork" if workers_can_fork(gpus) else "spawn"
+        if start == "fork":
+            prepare_forks()
+        code, signalled = run_agent(settings, start, (name, worker_cfg))
+        user_error = error_file.read_text().strip() if error_file.exists() else ""
         outcome = read_outcome(outcome_file)
     exit_code = stage_exit(code, signalled, outcome, bool(user_error))
     if exit_code not in (0, STOPPED_EXIT):
-        # a stop someone asked for that came before a checkpoint, or a failure (torchrun also
+        # a stop someone asked for that came before a checkpoint, or a failure (the agent also
         # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
         settle_run(name, KILLED if signalled else FAILED, cfg.mlflow.log_model)
     if user_error:
@@ -187,39 +172,59 @@ def settle_run(name: str, status: str, log_model: bool) -> None:
         )
 
 
-def run_forwarding_signals(cmd: list[str], env: dict, error_file: Path) -> tuple[int, bool]:
-    """Run torchrun; a SIGTERM/SIGINT sent to this process (docker stop, Ctrl-C) goes on to
-    it, so the workers checkpoint instead of being orphaned. Its stderr is passed through
-    until a worker reports a user error: torchrun's failure report after that is noise around
-    the one line the user needs, which the caller prints. Returns torchrun's exit code and
-    whether the run was stopped by such a signal."""
-    child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+def run_agent(settings: dict, start_method: str, args: tuple) -> tuple[int, bool]:
+    """Run torchrun's elastic agent in this process: it rendezvouses, starts the workers
+    (`worker.entry(*args)`), restarts them after a failure (`checkpoint.max_restarts`) and,
+    on SIGTERM/SIGINT, passes the signal on and waits for them (30 s, then SIGKILL). Forked,
+    the workers inherit this process's imports (torch, the project) instead of loading them
+    again. Returns the agent's exit code as torchrun's would be, and whether a signal
+    stopped it."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    stderr = child.stderr
-    assert stderr is not None  # stderr=PIPE
-
-    def relay() -> None:
-        # bytes as they come, not lines: a progress bar redraws itself after a "\r" with no
-        # "\n", which a text-mode line reader would turn into a new line at every redraw
-        while chunk := os.read(stderr.fileno(), 65536):
-            if error_file.stat().st_size == 0:
-                sys.stderr.buffer.write(chunk)
-                sys.stderr.flush()
-
-    relay_thread = threading.Thread(target=relay, daemon=True)
-    relay_thread.start()
-
-    stopped = []
-
-    def forward(signum: int, frame: types.FrameType | None) -> None:
-        stopped.append(signum)
-        child.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    # The agent's log is torchrun's console chatter; a worker prints its own traceback and
+    # the launcher the one line that matters.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = LaunchConfig(**settings, start_method=start_method)
     try:
-        code = child.wait()
-        relay_thread.join(timeout=10)
-        return code, bool(stopped)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        elastic_launch(config, worker.entry)(*args)
+    except SignalException:
+        return FAILURE_EXIT, True
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        print(
+            f"launch: worker rank {rank} {exit_words(failure.exitcode)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return failure.exitcode or FAILURE_EXIT, False
+    except RendezvousError as err:
+        print(f"launch: rendezvous failed ({first_line(err)})", file=sys.stderr, flush=True)
+        return FAILURE_EXIT, False
+    return 0, False
+
+
+def exit_words(code: int) -> str:
+    """A worker's exit code in words: 'exited with code 1', 'was killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+@functools.cache
+def prepare_forks() -> None:
+    """Before each fork: flush what this process buffered (a child would write it again) and
+    freeze the objects it has, so a child's garbage collection never finalizes the agent's
+    own (its TCP store, whose thread the child does not have)."""
+
+    def before() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        gc.freeze()
+
+    os.register_at_fork(before=before)

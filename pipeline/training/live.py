@@ -8,8 +8,8 @@ so the loop never does. At a report point a copy of `totals` is queued into host
 the step it was taken after, and on a GPU they show a few steps later. Times are the host's,
 which runs ahead of the GPU by the kernels it has queued: a few steps, nothing over an epoch.
 
-Whether stderr is a terminal is the launcher's to say (TERMINAL_ENV): the workers' stderr is
-its pipe, never a terminal.
+The workers write to the launcher's own stderr (they are its children), so whether it is a
+terminal is theirs to see.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
@@ -29,7 +29,7 @@ from pipeline.memory import DevicePeak
 
 # Set by the launcher for torchrun's workers when its own stderr is a terminal: the terminal's
 # width in columns, which the bar then fills.
-TERMINAL_ENV = "PARALLEL_LAB_TERMINAL_COLUMNS"
+BAR_ROWS = 24  # the screen height tqdm is told: the bar shows at any height
 BAR_EVERY_S = 0.5  # the bar's loss and samples/s are refreshed this often (a copy each time)
 ZEROS = [0.0, 0.0, 0.0]  # [loss_sum, correct, count] before the first sample
 # tqdm's default without its steps/s: the postfix says loss and samples/s, and a narrow
@@ -41,11 +41,8 @@ StepLog = Callable[[int, dict[str, float], int], None]
 MemoryNow = Callable[[], list[DevicePeak]]
 
 
-def terminal_columns(env: Mapping[str, str], stderr: IO[str]) -> Optional[int]:
-    """The width of the terminal the stage's output goes to, None off a terminal: as the
-    launcher says, else (torchrun started by hand) this process's own stderr."""
-    if TERMINAL_ENV in env:
-        return int(env[TERMINAL_ENV]) if env[TERMINAL_ENV].isdigit() else None
+def terminal_columns(stderr: IO[str]) -> Optional[int]:
+    """The width of the terminal the stage's output goes to, None off a terminal."""
     if not stderr.isatty():
         return None
     try:
@@ -206,6 +203,9 @@ class LiveProgress:
                 desc=f"epoch {epoch + 1}/{self.epochs}",
                 unit="step",
                 ncols=self.settings.terminal_columns,
+                # the one bar sits on the bottom line; tqdm hides a bar below a screen's last
+                # line, and a pseudo-terminal nobody sized (script, CI) reports no height
+                nrows=BAR_ROWS,
                 bar_format=BAR_FORMAT,
                 leave=False,  # the epoch line follows it
                 file=sys.stderr,

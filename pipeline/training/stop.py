@@ -1,5 +1,6 @@
-"""A stop signal (SIGTERM: `docker stop`, torchrun forwarding one) turned into a step every
-rank stops at, in time: torchrun kills its workers 30 s after it forwarded the SIGTERM.
+"""A stop signal (SIGTERM: `docker stop`, the elastic agent passing one on; SIGINT: Ctrl-C)
+turned into a step every rank stops at, in time: the agent kills its workers 30 s after it
+passed the signal on.
 
 One process stops at its next step. Several must agree on the step, so they vote: an
 all-reduce of [SIGTERM seen, seconds a step took since the last vote] at step boundaries
@@ -31,6 +32,7 @@ VOTE_EVERY_S = 1.0
 # The most steps between two votes, where steps are fast (a GPU's milliseconds): a step time
 # that grows after a vote is caught within this many steps; 16 cost nothing on a GPU.
 VOTE_EVERY_STEPS = 16
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def steps_to_next_vote(
@@ -68,7 +70,10 @@ class StopRequest:
         self.boundaries = 0  # step boundaries passed: steps this process ran
         self.next_vote = 1  # the first vote after the first step, which it times
         self.last_vote: tuple[float, int] | None = None  # (clock, boundaries) at the last
-        signal.signal(signal.SIGTERM, self._handler)
+        # SIGINT too: Ctrl-C at a terminal reaches the workers themselves (they share the
+        # launcher's process group), and the agent passes on the SIGINT it got
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handler)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.flag = True

@@ -1,9 +1,10 @@
-"""How many nodes a train stage spans, and the torchrun arguments that say so. Pure functions.
+"""How many nodes a train stage spans, and the elastic agent's settings that say so. Pure.
 
-One node runs `torchrun --standalone`. Several nodes run the same command each, and their
-torchrun agents meet in a c10d rendezvous at `dist.rdzv_endpoint`, a TCP store hosted by one
-of them. What differs from node to node comes from the environment, which wins over
-params.yaml's `dist` section, so one params.yaml serves every node:
+One node runs as `torchrun --standalone` would. Several nodes run the same command each, and
+their elastic agents (torchrun's, inside each node's launcher) meet in a c10d rendezvous at
+`dist.rdzv_endpoint`, a TCP store hosted by one of them. What differs from node to node
+comes from the environment, which wins over params.yaml's `dist` section, so one params.yaml
+serves every node:
 
     NNODES        or PET_NNODES         dist.nnodes         "2", or "MIN:MAX" (elastic;
                                                             params: dist.min_nnodes)
@@ -17,6 +18,7 @@ The PET_ names are torchrun's own environment defaults, which Kubeflow Trainer s
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -153,25 +155,32 @@ def check_job(facts: StrategyFacts, topology: Topology, nproc: int, plan: BatchP
         plan.over(nodes * nproc, who)
 
 
-def torchrun_args(nproc: int, max_restarts: int, topology: Topology) -> list[str]:
-    """torchrun's options (everything before the module it runs)."""
-    common = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
+def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[str, Any]:
+    """The elastic agent's settings (torch.distributed.launcher.api.LaunchConfig's fields),
+    as torchrun's command line would give them: one node is `--standalone` (a c10d rendezvous
+    on a free local port, a fresh run id), several meet at the endpoint under the job's id."""
+    common = {"nproc_per_node": nproc, "max_restarts": max_restarts, "rdzv_backend": "c10d"}
     if not topology.multi_node:
-        return ["--standalone", *common]
-    conf = f"join_timeout={topology.join_timeout_s}"
+        return {
+            **common,
+            "min_nodes": 1,
+            "max_nodes": 1,
+            "rdzv_endpoint": "localhost:0",
+            "run_id": str(uuid.uuid4()),
+        }
+    configs: dict[str, Any] = {"join_timeout": topology.join_timeout_s}
     if topology.node_rank is not None:
         # Say which agent hosts the store instead of letting each guess from its hostname:
-        # deterministic when several "nodes" share a host. torchrun's --node-rank is not
-        # passed: c10d ignores it (with a warning) and numbers the nodes itself.
-        conf += f",is_host={int(topology.node_rank == 0)}"
-    return [
-        f"--nnodes={topology.nnodes}",
-        *common,
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={topology.endpoint}",
-        f"--rdzv-id={topology.rdzv_id}",
-        f"--rdzv-conf={conf}",
-    ]
+        # deterministic when several "nodes" share a host. c10d numbers the nodes itself.
+        configs["is_host"] = topology.node_rank == 0
+    return {
+        **common,
+        "min_nodes": topology.min_nodes,
+        "max_nodes": topology.max_nodes,
+        "rdzv_endpoint": topology.endpoint,
+        "run_id": topology.rdzv_id,
+        "rdzv_configs": configs,
+    }
 
 
 def worker_overrides(overrides: list[str]) -> list[str]:

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn, cast
 
+import torch
 import torch.distributed as dist
 
-from pipeline.config import load_config
+from pipeline.config import Config, load_config
 from pipeline.context import DistContext
 from pipeline.errors import (
     BAD_INPUT,
@@ -40,24 +42,48 @@ TASKS = Path("/proc/self/task")
 COMM_THREADS = ("pt_gloo", "gloo_")
 
 
+def entry(strategy: str, cfg: Config) -> None:
+    """A worker the launcher's elastic agent started (pipeline/training/launcher.py), forked
+    from it: `cfg` is what the launcher validated. Its process ends when this returns (a
+    non-zero code as SystemExit), without the interpreter's shutdown (multiprocessing's
+    children leave through os._exit)."""
+    # the agent's handlers (raise SignalException) came with the fork; until the session
+    # installs its own, a stop signal ends a worker that has nothing to save yet
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # torch read the variable when the launcher imported it, before the launcher set the
+        # workers' share; a forked worker takes its share explicitly
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    code = run_worker(strategy, lambda: cfg)
+    left_threads_warning()
+    if code:
+        raise SystemExit(code)
+
+
 def main(strategy: str, overrides: list[str]) -> NoReturn:
+    """A worker started by `torchrun -m pipeline.train STRATEGY` by hand: the same run, in a
+    process of its own whose interpreter shuts down at the end (`exit_cleanly`)."""
+    exit_cleanly(run_worker(strategy, lambda: load_config("params.yaml", overrides)))
+
+
+def run_worker(strategy: str, config: Callable[[], Config]) -> int:
+    """Train; the exit code. A user error is left for the launcher as one line."""
     try:
-        code = train(strategy, overrides)
+        return train(strategy, config())
     except BAD_INPUT as err:
-        # torchrun turns any worker exit into its own code 1; leave the line for the launcher
+        # the agent turns any worker exit into its own failure; leave the line for the launcher
         if os.environ.get(ERROR_FILE_ENV):
             Path(os.environ[ERROR_FILE_ENV]).write_text(str(err))
         else:
             print(f"error: {err}", file=sys.stderr, flush=True)
-        code = USER_ERROR_EXIT
-    exit_cleanly(code)
+        return USER_ERROR_EXIT
 
 
-def train(strategy: str, overrides: list[str]) -> int:
+def train(strategy: str, cfg: Config) -> int:
     """Train, and tell the launcher how it ended (the writer's outcome); the exit code."""
-    cfg = load_config("params.yaml", overrides)
     ctx = DistContext.from_env()
-    terminal = terminal_columns(os.environ, sys.stderr)  # the launcher's, not this pipe
+    terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
     dist.init_process_group(
         ctx.backend,
         store=attempt_store(os.environ),
@@ -79,6 +105,22 @@ def train(strategy: str, overrides: list[str]) -> int:
     return SIGTERM_EXIT if outcome is Outcome.STOPPED else 0
 
 
+def left_threads_warning() -> bool:
+    """Free what still holds the destroyed process groups, whose freeing joins their threads,
+    and say so if a thread outlived them anyway (every test run checks this line never
+    appears). True when one did."""
+    gc.collect()
+    left = comm_threads()
+    if left:
+        print(
+            f"warning: {len(left)} communication thread(s) ({', '.join(sorted(set(left)))}) "
+            "outlived the process group",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(left)
+
+
 def exit_cleanly(code: int) -> NoReturn:
     """Exit once the destroyed process groups are gone with their threads.
 
@@ -86,20 +128,11 @@ def exit_cleanly(code: int) -> NoReturn:
     its thread drops the finished work, and the tensors it holds, a moment after the caller
     has moved on. Where the interpreter is already shutting down by then, freeing a tensor
     Python owned ends that thread inside a C++ destructor and the process aborts ("terminate
-    called without an active exception", SIGABRT) after its work was done. Here the group
-    is freed first: the run's modules sit in reference cycles (the collection frees them; the
-    strategies' `Run.release` dropped what global caches keep), and freeing a group joins its
-    threads. Should one survive, the process leaves without the interpreter's shutdown, where
-    that thread can do no harm, and says so."""
-    gc.collect()
-    left = comm_threads()
-    if left:
-        print(
-            f"warning: {len(left)} communication thread(s) ({', '.join(sorted(set(left)))}) "
-            "outlived the process group; exiting without interpreter shutdown",
-            file=sys.stderr,
-            flush=True,
-        )
+    called without an active exception", SIGABRT) after its work was done. So the groups are
+    freed first (`left_threads_warning`): the run's modules sit in reference cycles, and the
+    strategies' `Run.release` dropped what global caches keep. Should a thread survive, the
+    process leaves without the interpreter's shutdown, where that thread can do no harm."""
+    if left_threads_warning():
         sys.stdout.flush()
         os._exit(code)
     sys.exit(code)

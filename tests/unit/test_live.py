@@ -72,12 +72,9 @@ class Tty(io.StringIO):
         raise OSError("not a real terminal")
 
 
-def test_the_launchers_word_on_the_terminal_wins_over_the_workers_own_pipe():
-    pipe = io.StringIO()
-    assert live.terminal_columns({live.TERMINAL_ENV: "132"}, pipe) == 132
-    assert live.terminal_columns({live.TERMINAL_ENV: ""}, Tty()) is None  # launcher: no
-    assert live.terminal_columns({}, pipe) is None
-    assert live.terminal_columns({}, Tty()) == 80  # torchrun by hand, size unknown
+def test_a_bar_only_at_a_terminal():
+    assert live.terminal_columns(io.StringIO()) is None
+    assert live.terminal_columns(Tty()) == 80  # a pseudo-terminal nobody sized
 
 
 class Epochs:

@@ -14,7 +14,7 @@ from pipeline.training.topology import (
     parse_endpoint,
     parse_nnodes,
     resolve_topology,
-    torchrun_args,
+    launch_settings,
     worker_overrides,
 )
 
@@ -26,22 +26,40 @@ def dist(**kw) -> DistConfig:
 def test_one_node_is_standalone():
     topo = resolve_topology(dist(), {}, "ddp")
     assert not topo.multi_node
-    assert torchrun_args(2, 1, topo) == ["--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    settings = launch_settings(2, 1, topo)
+    run_id = settings.pop("run_id")
+    assert len(run_id) == 36  # a fresh uuid per launch, as --standalone makes
+    assert settings == {
+        "nproc_per_node": 2,
+        "max_restarts": 1,
+        "rdzv_backend": "c10d",
+        "min_nodes": 1,
+        "max_nodes": 1,
+        "rdzv_endpoint": "localhost:0",  # a free port
+    }
 
 
 def test_several_nodes_rendezvous_over_c10d():
     topo = resolve_topology(dist(nnodes=2, node_rank=1, rdzv_endpoint="node0:1234"), {}, "ddp")
-    assert torchrun_args(4, 3, topo) == [
-        "--nnodes=2",
-        "--nproc-per-node=4",
-        "--max-restarts=3",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=node0:1234",
-        "--rdzv-id=parallel-lab-ddp",
-        "--rdzv-conf=join_timeout=600,is_host=0",
-    ]
+    assert launch_settings(4, 3, topo) == {
+        "nproc_per_node": 4,
+        "max_restarts": 3,
+        "rdzv_backend": "c10d",
+        "min_nodes": 2,
+        "max_nodes": 2,
+        "rdzv_endpoint": "node0:1234",
+        "run_id": "parallel-lab-ddp",
+        "rdzv_configs": {"join_timeout": 600, "is_host": False},
+    }
     node0 = resolve_topology(dist(nnodes=2, node_rank=0, rdzv_endpoint="node0:1234"), {}, "ddp")
-    assert torchrun_args(4, 3, node0)[-1] == "--rdzv-conf=join_timeout=600,is_host=1"
+    assert launch_settings(4, 3, node0)["rdzv_configs"]["is_host"] is True
+
+
+def test_the_settings_are_the_agents():
+    from torch.distributed.launcher.api import LaunchConfig
+
+    topo = resolve_topology(dist(nnodes=2, node_rank=1, rdzv_endpoint="node0:1234"), {}, "ddp")
+    LaunchConfig(**launch_settings(4, 3, topo), start_method="fork")  # every key is a field
 
 
 def test_environment_wins_over_params():
@@ -86,7 +104,8 @@ def test_kubeflow_trainer_environment():
 def test_elastic_range_from_params_or_environment():
     topo = resolve_topology(dist(nnodes=4, min_nnodes=2, rdzv_endpoint="h"), {}, "ddp")
     assert (topo.min_nodes, topo.max_nodes, topo.endpoint) == (2, 4, "h:29400")
-    assert "--nnodes=2:4" in torchrun_args(1, 0, topo)
+    settings = launch_settings(1, 0, topo)
+    assert (settings["min_nodes"], settings["max_nodes"]) == (2, 4)
     assert (
         resolve_topology(dist(), {"NNODES": "1:3", "RDZV_ENDPOINT": "h:1"}, "ddp").nnodes == "1:3"
     )
