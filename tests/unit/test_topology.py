@@ -1,4 +1,4 @@
-"""How many nodes a train stage spans and the torchrun arguments that say so (pure)."""
+"""How many nodes a train stage spans and the elastic agent settings that say so (pure)."""
 
 import pytest
 
@@ -10,11 +10,11 @@ from pipeline.strategies.base import StrategyFacts
 from pipeline.training.topology import (
     Topology,
     check_job,
+    launch_settings,
     lost_node_hint,
     parse_endpoint,
     parse_nnodes,
     resolve_topology,
-    launch_settings,
     worker_overrides,
 )
 
