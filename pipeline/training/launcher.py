@@ -88,7 +88,10 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)
     where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
     if topology.multi_node:
-        where += f", this node of {topology.nnodes}"
+        where += (
+            f", this node of {topology.nnodes} (c10d rendezvous {topology.rdzv_id} at "
+            f"{topology.endpoint})"
+        )
     print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
     with tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp:
         error_file, outcome_file = Path(tmp) / "error.txt", Path(tmp) / "outcome"

@@ -186,8 +186,7 @@ def test_two_nodes_train_the_same_model_as_one_node_with_two_processes(
 ):
     _, reference = two_node_project
     logs = two_node_run.logs
-    assert "--rdzv-backend=c10d" in logs and "--standalone" not in logs
-    assert "this node of 2" in logs
+    assert "this node of 2 (c10d rendezvous parallel-lab-ddp at 127.0.0.1:" in logs
     diff = max_diff(two_node_run.model, reference)
     print(f"fp64 max |2 nodes x 1 process - 1 node x 2 processes| = {diff:.3e}")
     # another topology sums the gradients in another order: equal to rounding, not bitwise
@@ -220,7 +219,7 @@ def test_a_lost_node_stops_the_job_cleanly_at_its_last_checkpoint(two_node_proje
             NODE_TIMEOUT,
             "global rank 0 holding before epoch 2",
         )
-        assert nodes.kill(1) >= 3  # launcher, torchrun agent, worker: the whole node
+        assert nodes.kill(1) >= 2  # the launcher (the node's agent) and its worker: all of it
         node_lost.touch()
         started = time.monotonic()
         code = nodes.wait(0, timeout=240)
@@ -255,7 +254,7 @@ def test_an_elastic_job_that_loses_a_node_carries_on_with_fewer_processes(
             NODE_TIMEOUT,
             "global rank 0 holding before epoch 2",
         )
-        assert nodes.kill(1) >= 3
+        assert nodes.kill(1) >= 2
         node_lost.touch()
         code = nodes.wait(0, timeout=NODE_TIMEOUT)
     survivor = nodes.log(0)
