@@ -23,6 +23,7 @@ from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
 from pipeline.strategies import NAMES, check_strategy
+from pipeline.timeline import mark
 
 
 def under_torchrun(env: Mapping[str, str]) -> bool:
@@ -32,6 +33,7 @@ def under_torchrun(env: Mapping[str, str]) -> bool:
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
+    mark("command")
     args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES, params_help=True)
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.

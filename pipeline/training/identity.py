@@ -55,6 +55,8 @@ NOT_IDENTITY = (
     "pipeline.train",
     "pipeline.cli",
     "pipeline.errors",
+    # when each phase was reached, for benchmarks/startup.py
+    "pipeline.timeline",
     # the launcher's alone (a forked worker inherits them, but never runs them): they choose
     # the devices, the number of processes and the agent's settings, and the identity holds
     # what they chose (hardware, world size)

@@ -37,6 +37,7 @@ from pipeline.errors import (
     first_line,
 )
 from pipeline.results import CHECKPOINTS, RESULTS
+from pipeline.timeline import mark
 from pipeline.tracking.mlflow_run import FAILED, KILLED
 from pipeline.tracking.publish import publish_strategy
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
@@ -53,6 +54,10 @@ from pipeline.training.topology import (
     resolve_topology,
     worker_overrides,
 )
+
+# how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
+# (the default, where CUDA allows) or spawn
+START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 
 
 def check_writable(directory: Path) -> None:
@@ -105,12 +110,14 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
             }
         )
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        start = "fork" if workers_can_fork(gpus) else "spawn"
+        mark("agent")  # validated, torch and the project imported
+        start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":
             prepare_forks()
         code, signalled = run_agent(settings, start, (name, worker_cfg))
         user_error = error_file.read_text().strip() if error_file.exists() else ""
         outcome = read_outcome(outcome_file)
+    mark("workers ended")
     exit_code = stage_exit(code, signalled, outcome, bool(user_error))
     if exit_code not in (0, STOPPED_EXIT):
         # a stop someone asked for that came before a checkpoint, or a failure (the agent also

@@ -18,6 +18,7 @@ from pipeline.config import TrainConfig
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, eval_shard
 from pipeline.strategies.base import PipelinedRun
+from pipeline.timeline import mark
 from pipeline.training.build import Training
 from pipeline.training.faults import Fault
 from pipeline.training.live import LiveProgress
@@ -71,6 +72,8 @@ def train_epoch(
             if logits is not None:
                 totals += batch_totals(logits.detach(), y)
         prec.step(optimizer)
+        if step == start_step:
+            mark("first step", rank)  # queued, on a GPU: the host's view
         optimizer.zero_grad(set_to_none=True)
         if live is not None:
             live.step(step + 1)

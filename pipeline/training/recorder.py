@@ -25,6 +25,7 @@ from pipeline.results import (
     speed_figures,
     write_results,
 )
+from pipeline.timeline import mark
 from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
 from pipeline.training.build import Training
@@ -151,6 +152,7 @@ class RunRecorder:
             out_dir = RESULTS / self.name
             out_dir.mkdir(parents=True, exist_ok=True)
             write_results(out_dir, state, self.history, summary, self.config_yaml)
+            mark("results written")
             self.tracker.publish(
                 self.history,
                 [out_dir / name for name in ARTIFACTS],
@@ -160,6 +162,7 @@ class RunRecorder:
                 # model.pt as an MLflow model, logged once
                 model=model_source(out_dir) if self.log_model else None,
             )
+            mark("published")
         return summary
 
     def close(self) -> None:

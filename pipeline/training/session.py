@@ -26,6 +26,7 @@ from pipeline.data.device_data import DeviceData, to_device
 from pipeline.data.fashion_mnist import DATA_DIR, TENSORS, load_tensors
 from pipeline.results import CHECKPOINTS, EpochRow, RunSummary
 from pipeline.strategies.base import StrategyFacts
+from pipeline.timeline import mark
 from pipeline.training.build import Training, build_training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import CheckpointPolicy, Progress
@@ -79,8 +80,10 @@ def run(
     stop = StopRequest(control_group, ctx.world_size)
     torch.manual_seed(cfg.seed)
     data = to_device(load_tensors(), ctx.device, cfg.data.limit_train, cfg.data.limit_test)
+    mark("data on device", ctx.rank)
     plan = job_plan(cfg.train, strategy.FACTS, len(data.train_labels), ctx.world_size)
     training = build_training(cfg, strategy, ctx, data, plan)
+    mark("model built", ctx.rank)
     hardware = run_hardware(ctx, training.run.devices, training.prec.name)
     identity = run_identity(cfg, strategy.FACTS, ctx.world_size, DATA_DIR / TENSORS, hardware)
     policy = CheckpointPolicy(
@@ -102,6 +105,7 @@ def run(
     recorder = RunRecorder(
         cfg, name, ctx, training, identity.key, progress.history, fresh, progress.notes
     )
+    mark("mlflow run opened", ctx.rank)
     live = live_progress(cfg, name, training, ctx, recorder, terminal_columns)
     ok = False
     try:
@@ -232,6 +236,7 @@ def train_epochs(
         recorder.epoch_done(row)
     if fault is not None:
         fault.fire_if("end", ctx.rank, signalled=lambda: stop.flag)
+    mark("trained", ctx.rank)
     state = run.state_dict()  # a collective for sharded/split models: every rank calls it
     # A SIGTERM after the last step: the results are written all the same, and the final push
     # makes one attempt instead of waiting for the server, well inside torchrun's grace.

@@ -33,6 +33,7 @@ from pipeline.errors import (
     Outcome,
 )
 from pipeline.files import atomic_write
+from pipeline.timeline import mark
 from pipeline.training.live import terminal_columns
 from pipeline.training.session import run
 
@@ -83,6 +84,7 @@ def run_worker(strategy: str, config: Callable[[], Config]) -> int:
 def train(strategy: str, cfg: Config) -> int:
     """Train, and tell the launcher how it ended (the writer's outcome); the exit code."""
     ctx = DistContext.from_env()
+    mark("worker", ctx.rank)
     terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
     dist.init_process_group(
         ctx.backend,
@@ -91,6 +93,7 @@ def train(strategy: str, cfg: Config) -> int:
         world_size=ctx.world_size,
         device_id=ctx.device if ctx.on_cuda else None,
     )
+    mark("process group", ctx.rank)
     # the SIGTERM vote travels on a CPU group so it never waits on the GPU
     control = None
     if ctx.on_cuda and ctx.world_size > 1:

@@ -235,7 +235,7 @@ def test_every_command_has_help(command):
 LAYERS = [
     {"config"},
     {"errors"},
-    {"context", "batch_plan", "memory", "files", "results"},
+    {"context", "batch_plan", "memory", "files", "results", "timeline"},
     {"data"},
     {"strategies"},
     {"tracking"},

@@ -1,0 +1,152 @@
+"""A train stage's fixed cost, phase by phase: what it spends before its first step and after
+its last, against the training itself.
+
+    python -m benchmarks.startup                         # single and 2-process ddp, 5 runs each
+    python -m benchmarks.startup --runs 9 --strategies single ddp fsdp
+
+Each run is `python -m pipeline.train STRATEGY` on a tiny configuration (width 8, 512
+synthetic images, 2 epochs) in a throw-away project copy with an MLflow store that already
+exists, as on a user's second stage. The stage marks its phases (pipeline/timeline.py); the
+runs alternate between the two ways the launcher starts workers, forked (the default: they
+inherit its imports) and spawned (each imports torch and the project again: the fallback, and
+what a torchrun subprocess cost), so the two are compared in one sitting. The JSON
+(benchmarks/results/<machine>-startup-<date>.json unless --out) holds every run's marks and
+the median of each phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from benchmarks.bench import REPO, machine
+from benchmarks.e2e import project_copy, torch_device
+from pipeline.data.synthetic import write_synthetic
+from pipeline.timeline import ENV as TIMELINE_ENV
+from pipeline.training.launcher import START_METHOD_ENV
+
+TINY = [
+    "model.width=8",
+    "train.epochs=2",
+    "train.batch_size=32",
+    "data.limit_train=512",
+    "data.limit_test=256",
+    "ddp.nproc=2",
+    "fsdp.nproc=2",
+    "mlflow.log_model=false",
+]
+# (phase, from mark, to mark): "spawned" is the benchmark's own clock as it starts the
+# command, "exited" as it sees the command end
+PHASES = [
+    ("python and the command's imports", "spawned", "command"),
+    ("validation, torch and the project", "command", "agent"),
+    ("rendezvous and worker start", "agent", "worker"),
+    ("process group", "worker", "process group"),
+    ("data to the device", "process group", "data on device"),
+    ("model, strategy, checkpoint lookup", "data on device", "model built"),
+    ("MLflow run opened", "model built", "mlflow run opened"),
+    ("to the end of the first step", "mlflow run opened", "first step"),
+    ("training (the rest)", "first step", "trained"),
+    ("results written", "trained", "results written"),
+    ("final MLflow push", "results written", "published"),
+    ("workers' exit", "published", "workers ended"),
+    ("launcher's exit", "workers ended", "exited"),
+]
+TRAINING = "training (the rest)"
+
+
+def one_run(project: Path, strategy: str, start_method: str, timeline: Path) -> dict[str, float]:
+    for name in ("results", "checkpoints"):
+        shutil.rmtree(project / name, ignore_errors=True)
+    timeline.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        TIMELINE_ENV: str(timeline),
+        START_METHOD_ENV: start_method,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+    }
+    cmd = [sys.executable, "-m", "pipeline.train", strategy, *TINY]
+    marks = {"spawned": time.time()}
+    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+    marks["exited"] = time.time()
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    for line in timeline.read_text().splitlines():
+        at, _, phase = line.split(" ", 2)
+        marks.setdefault(phase, float(at))  # the first: "first step" comes once an epoch
+    return {phase: marks[b] - marks[a] for phase, a, b in PHASES}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--strategies", nargs="*", default=["single", "ddp"])
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    label, info = machine(torch_device())
+    runs: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="parallel-lab-startup-") as tmp:
+        mirror = Path(tmp) / "mirror"
+        write_synthetic(mirror, 600, 300)
+        project = project_copy(Path(tmp) / "project", mirror)
+        subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, check=True)
+        timeline = Path(tmp) / "timeline.txt"
+        one_run(project, "single", "fork", timeline)  # the store's tables, the file cache
+        for i in range(args.runs):
+            for strategy in args.strategies:
+                for start in ("fork", "spawn"):  # taking turns: load affects both alike
+                    phases = one_run(project, strategy, start, timeline)
+                    runs.setdefault(f"{strategy}/{start}", []).append(phases)
+                    fixed = sum(phases.values()) - phases[TRAINING]
+                    print(
+                        f"startup: {strategy} {start} run {i + 1}: fixed {fixed:.2f} s", flush=True
+                    )
+    medians = {
+        key: {phase: statistics.median(r[phase] for r in rows) for phase, _, _ in PHASES}
+        for key, rows in runs.items()
+    }
+    result = {
+        "machine": label,
+        "info": info,
+        "date": date.today().isoformat(),
+        "settings": {"runs": args.runs, "overrides": TINY},
+        "median_s": medians,
+        "median_fixed_s": {
+            key: statistics.median(sum(r.values()) - r[TRAINING] for r in rows)
+            for key, rows in runs.items()
+        },
+        "runs": runs,
+    }
+    out = args.out or REPO / "benchmarks" / "results" / f"{label}-startup-{result['date']}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result), flush=True)
+    print(f"startup: wrote {out}", flush=True)
+    return result
+
+
+def table(result: dict) -> str:
+    """The medians as a Markdown table, a column per strategy and start method."""
+    keys = list(result["median_s"])
+    lines = [
+        "| phase (median s) | " + " | ".join(keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
+    for phase, _, _ in PHASES:
+        cells = [f"{result['median_s'][k][phase]:.2f}" for k in keys]
+        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    fixed = [f"**{result['median_fixed_s'][k]:.2f}**" for k in keys]
+    lines.append("| **fixed cost (all but training)** | " + " | ".join(fixed) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
