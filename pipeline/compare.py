@@ -17,12 +17,16 @@ from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
 from pipeline.reporting.compare import compare
+from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args("pipeline.compare", __doc__, argv, params_help=True)
     cfg = load_config("params.yaml", args.overrides)
+    # as train and publish do: a URI that can never work is bad input, not an outage whose
+    # report would quietly lose its MLflow links
+    check_tracking_uri(tracking_uri())
     print(compare(cfg.strategies, cfg.report, cfg.mlflow), end="")
 
 

@@ -46,6 +46,13 @@ FASHION_MNIST_MD5 = {
 }
 
 
+# What `seed` feeds: torch.manual_seed (a 64-bit seed; a negative one wraps around, so -1
+# would be 2**64 - 1 in disguise) and each epoch's data-order and augmentation generators,
+# seeded with seed * 1_000_003 + epoch (pipeline/data), which must stay below 2**64. Up to
+# 2**32 - 1 (numpy's range too) leaves room for 2**63 epochs.
+SEED_MAX = 2**32 - 1
+
+
 def _min(lo: float, **kw: Any) -> Any:
     return {"min": lo, **kw}
 
@@ -302,8 +309,9 @@ class MlflowConfig:
 class Config:
     """params.yaml: the top-level keys, then one section per stage and per strategy."""
 
-    seed: int = 0
-    """Seeds weights, data order and augmentation, identically for every strategy."""
+    seed: int = field(default=0, metadata={"min": 0, "max": SEED_MAX})
+    """Seeds weights, data order and augmentation, identically for every strategy
+    (0 to 4294967295)."""
     devices: str = "auto"
     """auto (every visible GPU, else CPU) | cpu | "0" | "0,3": the list picks the GPUs."""
     strategies: list[str] = field(
@@ -341,24 +349,42 @@ class Config:
     minutes on any machine. Not a stage's param: dvc repro runs the full experiment."""
 
 
-def load_config(path: str | Path = "params.yaml", overrides: Sequence[str] = ()) -> Config:
-    """params.yaml + `key=value` overrides -> a validated `Config`, or `ConfigError`."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text()) if path.exists() else {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    check_keys(raw, Config, source=str(path))
+def load_config(path: str | Path | None = "params.yaml", overrides: Sequence[str] = ()) -> Config:
+    """params.yaml + `key=value` overrides -> a validated `Config`, or `ConfigError`.
+    `path` None: the schema's defaults alone (tests, benchmarks). A file that is missing,
+    empty or all comments is refused rather than read as "every default": that is the full
+    10-epoch experiment, which would overwrite the checkpoints and results of the one meant."""
+    raw: Any = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{path}: not found; expected the experiment's params (run the command in the "
+                "repository root, where params.yaml is)"
+            ) from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: not readable ({_first_line(err)})") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
+        if raw is None:
+            raise ConfigError(
+                f"{path}: is empty; expected a mapping of the experiment's sections (seed, "
+                "train, ...; `git checkout params.yaml` restores the project's)"
+            )
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}"
+            )
+    source = "defaults" if path is None else str(path)
+    check_keys(raw, Config, source=source)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.epochs=2)")
     dot = _parse_dotlist(overrides)
     check_keys(dot, Config, source="override")
-    return merge_and_validate(raw, dot, source=str(path))
+    return merge_and_validate(raw, dot, source=source)
 
 
 def merge_and_validate(raw: dict, dot: dict, source: str) -> Config:

@@ -68,3 +68,10 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for warnings that must not flood a log."""
     lines = str(err).strip().splitlines()
     return (lines[0] if lines else type(err).__name__)[:limit]
+
+
+def first_sentence(err: BaseException, limit: int = 100) -> str:
+    """What a library says of a damaged file, in the few words that carry it: torch's
+    messages go on for sentences of advice that do not apply, and the fix must fit on the
+    same line."""
+    return first_line(err, limit).split(". ")[0].rstrip(".")

@@ -40,7 +40,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(f"publish: {publish_strategy(name, model_of=model_of)}", flush=True)
         except UserError as err:  # this strategy's files disagree: the others still go
             refused.append(str(err))
-            print(f"publish: {name}: {err}", file=sys.stderr, flush=True)
+            # beside the other strategies' lines: stderr's one line is the error at the end
+            print(f"publish: {name}: refused: {err}", flush=True)
         except Exception as err:  # noqa: BLE001 - report each strategy, then fail overall
             unreachable.append(name)
             print(

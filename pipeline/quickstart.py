@@ -23,6 +23,7 @@ from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import USER_ERROR_EXIT, UserError, exit_on_user_error
 from pipeline.strategies import check_names
+from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
 @exit_on_user_error
@@ -32,6 +33,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     overrides = [*cfg.quick, *args.overrides]
     load_config("params.yaml", overrides)  # the quick overrides themselves are valid
     check_names(cfg.strategies)
+    check_tracking_uri(tracking_uri())  # before minutes of fetching and training, not after
     started = time.monotonic()
     steps = [
         ["pipeline.fetch"],

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, first_line
 from pipeline.files import atomic_write
 
 RESULTS = Path("results")
@@ -278,18 +278,90 @@ def history_csv(history: list[EpochRow]) -> str:
 def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
     path = results / strategy / METRICS
     try:
-        return RunSummary.from_json(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, expected an object")
+        return RunSummary.from_json(data)
     except FileNotFoundError:
         raise UserError(
             f"{path}: not found; run its train stage first (dvc repro train@{strategy})"
         ) from None
-    except (json.JSONDecodeError, TypeError) as err:
-        raise UserError(f"{path}: not a metrics file of this project ({err})") from None
+    except (OSError, ValueError, TypeError) as err:  # ValueError: JSON's and UTF-8's errors
+        raise UserError(
+            f"{path}: not a metrics file of this project ({first_line(err)}); "
+            f"{RERUN.format(strategy=strategy)}"
+        ) from None
 
 
 def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:
-    with (results / strategy / HISTORY).open(newline="") as f:
-        return [
-            EpochRow.from_record({k: int(v) if k == "epoch" else float(v) for k, v in row.items()})
-            for row in csv.DictReader(f)
-        ]
+    path = results / strategy / HISTORY
+    try:
+        with path.open(newline="") as f:
+            rows = [
+                EpochRow.from_record(
+                    {k: int(v) if k == "epoch" else float(v) for k, v in row.items()}
+                )
+                for row in csv.DictReader(f)
+            ]
+        if not rows:
+            raise ValueError("no epochs")
+        return rows
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: not found; run its train stage first (dvc repro train@{strategy})"
+        ) from None
+    except (OSError, ValueError, TypeError) as err:  # a cell that is no number, a column short
+        raise UserError(
+            f"{path}: not a history of this project ({first_line(err)}); "
+            f"{RERUN.format(strategy=strategy)}"
+        ) from None
+
+
+# What rewrites a strategy's results/: its train stage, which rewrites them from a finished
+# checkpoint without training again (or retrains where there is none).
+RERUN = "run `python -m pipeline.train {strategy}` (or dvc repro train@{strategy}) to rewrite it"
+
+
+def read_checkpoint_record(directory: Path) -> dict[str, Any] | None:
+    """`directory`/latest.json, checked, or None where there is none. Every reader (the
+    launcher, each worker alike, publish) refuses a corrupt one in the same one line, before
+    any rank reads a checkpoint it names."""
+    path = directory / CHECKPOINT_RECORD
+    try:
+        record = json.loads(path.read_text())
+        problem = _record_problem(record)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:  # ValueError: JSON's and UTF-8's errors
+        problem = first_line(err)
+    if problem is not None:
+        raise UserError(
+            f"{path}: corrupt checkpoint record ({problem}); delete {directory} to start over "
+            f"(rm -r {directory})"
+        )
+    return record
+
+
+def _record_problem(record: Any) -> str | None:
+    """What makes a checkpoint record unusable, in words; None when it is sound."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, expected an object"
+    for key, low in (("epoch", 0), ("step", 0), ("world_size", 1)):
+        value = record.get(key, low)  # world_size: not in records of an earlier layout
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            return f"{key}: got {value!r}, expected an integer >= {low}"
+    if not isinstance(record.get("fingerprint"), str):
+        return f"fingerprint: got {record.get('fingerprint')!r}, expected a string"
+    name = record.get("directory", "e0-s0")  # likewise
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        return f"directory: got {name!r}, expected a checkpoint directory's name"
+    history = record.get("history")
+    if not isinstance(history, list):
+        return f"history: got {history!r:.40}, expected a list of epochs"
+    for row in history:
+        numbers = isinstance(row, dict) and all(isinstance(v, (int, float)) for v in row.values())
+        try:
+            EpochRow.from_record(row if numbers else {})
+        except TypeError:
+            return f"history: {str(row)[:60]!r} is not an epoch's figures"
+    return None

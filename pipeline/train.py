@@ -24,6 +24,7 @@ from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
 from pipeline.strategies import NAMES, check_strategy
 from pipeline.timeline import mark
+from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
 def under_torchrun(env: Mapping[str, str]) -> bool:
@@ -44,6 +45,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     check_strategy(args.strategy)
     cfg = load_config("params.yaml", args.overrides)
+    check_tracking_uri(tracking_uri())  # like the keys: a mistyped URI needs no torch to say so
     from pipeline.training import launcher
 
     sys.exit(launcher.launch(args.strategy, cfg, args.overrides))

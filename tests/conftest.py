@@ -39,6 +39,7 @@ LONGEST_FIRST = [
     "test_parity",
     "test_scale_out",
     "test_dvc_pipeline",
+    "test_bad_files",
 ]
 
 

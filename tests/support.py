@@ -148,7 +148,8 @@ def project_env(project: Path, **extra: str | None) -> dict[str, str]:
     env.update({k: v for k, v in extra.items() if v is not None})
     uri = env.get("MLFLOW_TRACKING_URI", "")
     store = Path(uri.removeprefix("sqlite:///"))
-    if uri.startswith("sqlite:///") and not store.exists():
+    # (only an absolute path, in a folder that exists: a test may name a malformed store)
+    if uri.startswith("sqlite:////") and not store.exists() and store.parent.is_dir():
         empty_store(store)
     return {k: v for k, v in env.items() if extra.get(k, "") is not None}
 
@@ -173,6 +174,40 @@ def run(
         )
     assert_torn_down(proc.stdout + proc.stderr)
     return proc
+
+
+# What a run keeps between runs: a refused command must leave every file (and directory) of
+# these as it was, and add none.
+KEPT = ("results", "checkpoints", "data", "reports")
+
+
+def kept_files(project: Path) -> dict[str, bytes | None]:
+    """Every file and directory under the project's KEPT folders: path -> its bytes (None
+    for a directory)."""
+    found: dict[str, bytes | None] = {}
+    for top in KEPT:
+        root = project / top
+        for path in [root, *root.rglob("*")] if root.exists() else []:
+            found[str(path.relative_to(project))] = None if path.is_dir() else path.read_bytes()
+    return found
+
+
+def refused(project: Path, *args: str, timeout: float = 300, **env: str | None) -> str:
+    """Run `python -m ARGS` in `project`, which must refuse its input (README "Failure
+    handling"): exit code 2, stderr exactly one `error: ...` line, no traceback anywhere, and
+    everything KEPT byte-identical, no directory added. Returns the line."""
+    before = kept_files(project)
+    proc = run(project, "python", "-m", *args, timeout=timeout, check=False, **env)
+    assert proc.returncode == 2, (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    )
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    after = kept_files(project)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed and before.keys() == after.keys(), f"changed by the refusal: {changed}"
+    return lines[0]
 
 
 # what a worker says when a process group's threads survived its teardown (worker.py)

@@ -53,7 +53,8 @@ from pipeline.data.device_data import (
     micro_batch_indices,
     normalize,
 )
-from pipeline.data.fashion_mnist import DATA_DIR, FILES
+from pipeline.data.fashion_mnist import DATA_DIR, FILES, REFETCH
+from pipeline.errors import UserError, first_line
 
 PAD = 4  # pixels of black border the random crop chooses its window from
 CPU = torch.device("cpu")  # where the dataloader path draws its augmentation
@@ -181,9 +182,14 @@ class DataLoaderBatches(Batches):
         from torchvision import datasets
 
         super().__init__(*args)
-        with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as root:
-            # torchvision reads the whole split into memory here; the files can go after
-            dataset = datasets.FashionMNIST(torchvision_root(raw_dir, Path(root)), train=True)
+        try:
+            with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as root:
+                # torchvision reads the whole split into memory here; the files can go after
+                dataset = datasets.FashionMNIST(torchvision_root(raw_dir, Path(root)), train=True)
+        except Exception as err:  # noqa: BLE001 - the fetched files, damaged: every rank alike
+            raise UserError(
+                f"{raw_dir}/: not the fetched Fashion-MNIST files ({first_line(err)}); {REFETCH}"
+            ) from None
         n_train = self.plan.n_train
         assert n_train is not None  # self.steps has been read: the plan knows it
         self.dataset = torch.utils.data.Subset(dataset, range(n_train))

@@ -63,7 +63,6 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
     results = [read_summary(name) for name in names]
     histories = {name: read_history(name) for name in names}
     rows = table.comparison_rows(results, histories, target)
-    REPORTS.mkdir(exist_ok=True)
     for row, result in zip(rows, results):  # the runs as the store MLflow points at holds them
         row["mlflow_run_id"] = current_run_id(result.strategy, result.fingerprint)
     children = [r["mlflow_run_id"] for r in rows if r["mlflow_run_id"]]
@@ -79,6 +78,7 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
     answered = answer.recommend(rows, target, seeds)
     registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)
 
+    REPORTS.mkdir(exist_ok=True)  # once every input has been read: a refusal makes none
     atomic_write(REPORTS / "summary.json", json.dumps(table.summary_json(rows), indent=2) + "\n")
     atomic_write(
         REPORTS / "recommendation.json",

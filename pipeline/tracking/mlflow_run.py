@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.errors import first_line
+from pipeline.errors import UserError, first_line
 from pipeline.files import atomic_write
 from pipeline.results import EpochRow
 from pipeline.tracking import store
@@ -240,11 +240,50 @@ class Tracker:
         self._steps.close(STEP_METRICS_FLUSH_S)
 
 
+# run.json's keys and what they hold (`new_record`'s; run_id and tracking_uri may be null)
+RECORD_TYPES: dict[str, Any] = {
+    "fingerprint": str,
+    "run_id": (str, type(None)),
+    "tracking_uri": (str, type(None)),
+    "experiment": str,
+    "run_name": str,
+    "tags": dict,
+    "params": dict,
+    "params_logged": bool,
+    "epochs_logged": list,
+    "artifacts_logged": list,
+    "status": str,
+}
+
+
 def read_record(path: Path) -> dict[str, Any]:
+    """run.json, checked; {} where there is none. A corrupt one is refused rather than taken
+    for none, which would start another MLflow run and lose the link to this one."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as err:  # ValueError: JSON's and UTF-8's errors
+        problem: str | None = first_line(err)
+    else:
+        problem = _record_problem(record)
+    if problem is not None:
+        raise UserError(
+            f"{path}: corrupt MLflow run record ({problem}); delete it (rm {path}) and run "
+            "the train stage again: the run's epochs go to a new MLflow run"
+        )
+    return record
+
+
+def _record_problem(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, expected an object"
+    for key, kind in RECORD_TYPES.items():
+        if not isinstance(record.get(key), kind):
+            return f"{key}: got {record.get(key)!r:.40}"
+    if record["status"] not in (RUNNING, FINISHED, FAILED, KILLED):
+        return f"status: got {record['status']!r:.40}"
+    return None
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:

@@ -9,7 +9,6 @@ to the same run (the same fingerprint): anything else is refused, never mixed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
@@ -23,6 +22,7 @@ from pipeline.results import (
     RESULTS,
     RUN_RECORD,
     EpochRow,
+    read_checkpoint_record,
     read_summary,
 )
 from pipeline.tracking.mlflow_run import (
@@ -50,13 +50,17 @@ def publish_strategy(
     if not record:
         return f"{name}: nothing recorded locally (not trained yet)"
     key = record["fingerprint"]
-    latest = json.loads(latest_path.read_text()) if latest_path.exists() else None
+    latest = read_checkpoint_record(CHECKPOINTS / name)
     if latest is not None and latest.get("fingerprint") != key:
-        raise UserError(
-            f"{latest_path}: its epochs belong to run {latest.get('fingerprint')}, "
-            f"{record_path} to run {key}; not published (run the train stage "
-            f"again to settle {name})"
-        )
+        if ended is None:
+            raise UserError(
+                f"{latest_path}: its epochs belong to run {latest.get('fingerprint')}, "
+                f"{record_path} to run {key}; not published (run the train stage "
+                f"again to settle {name})"
+            )
+        # the launcher settling a run that died before its first checkpoint, beside an older
+        # run's: its status alone, none of the older run's epochs, or it would stay RUNNING
+        latest = None
     history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
     summary = read_summary(name) if (RESULTS / name / METRICS).exists() else None
     finished = summary is not None and summary.fingerprint == key

@@ -14,7 +14,8 @@ from pipeline.errors import UserError
 # Fail fast while the server is away (MLflow's default retries for minutes): training retries
 # at the next epoch instead, and a stage never waits on the network for long.
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-KNOWN_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks"}
+DATABASES = {"postgresql", "mysql", "mssql"}  # served through SQLAlchemy, as sqlite is
+KNOWN_SCHEMES = {"http", "https", "sqlite", "file", "databricks", *DATABASES}
 
 
 def client() -> Any:
@@ -41,17 +42,54 @@ def repository_root() -> Path:
 
 
 def check_tracking_uri(uri: str) -> None:
-    """Refuse a malformed URI up front; an unreachable one is an outage, handled later."""
+    """Refuse a malformed URI up front, one that could never work: every entry point that
+    talks to MLflow calls it first. An unreachable one is an outage, handled later (training
+    goes on, kept locally)."""
     parsed = urlparse(uri)
     if parsed.scheme == "" or (len(parsed.scheme) == 1 and uri[1:3] in (":\\", ":/")):
         return  # a local directory (file store)
-    if parsed.scheme not in KNOWN_SCHEMES:
+    scheme = parsed.scheme.partition("+")[0]  # postgresql+psycopg2: SQLAlchemy's dialect+driver
+    if scheme not in KNOWN_SCHEMES:
         raise UserError(
             f"MLFLOW_TRACKING_URI: got {uri!r}, expected http(s)://host:port, "
             "sqlite:///path/mlflow.db, postgresql://..., file:/path or a directory"
         )
-    if parsed.scheme in ("http", "https") and (not parsed.hostname or _bad_port(parsed)):
+    if scheme in ("http", "https") and (not parsed.hostname or _bad_port(parsed)):
         raise UserError(f"MLFLOW_TRACKING_URI: got {uri!r}, expected http(s)://host[:port]")
+    if scheme == "sqlite":
+        _check_sqlite(uri)
+    elif scheme in DATABASES and (
+        not uri.startswith(f"{parsed.scheme}://")
+        or not (parsed.hostname or parsed.path.strip("/"))
+        or _bad_port(parsed)
+    ):
+        raise UserError(
+            f"MLFLOW_TRACKING_URI: got {uri!r}, expected {parsed.scheme}://user@host[:port]/"
+            "database"
+        )
+    elif scheme == "file" and not parsed.path:
+        raise UserError(f"MLFLOW_TRACKING_URI: got {uri!r}, expected file:/path/to/mlruns")
+
+
+def _check_sqlite(uri: str) -> None:
+    """sqlite:///relative/mlflow.db or sqlite:////absolute/mlflow.db, in a directory that
+    exists: SQLite creates the file, never its directory, and a URI it cannot open would
+    otherwise look like a store that is down, warned about every epoch."""
+    database = (
+        uri.removeprefix("sqlite:///").partition("?")[0] if uri.startswith("sqlite:///") else ""
+    )
+    if not database or database.endswith("/"):
+        raise UserError(
+            f"MLFLOW_TRACKING_URI: got {uri!r}, expected sqlite:///path/mlflow.db (three "
+            "slashes, then the database file's path; four for an absolute one)"
+        )
+    folder = Path(database).parent
+    if not folder.is_dir() or Path(database).is_dir():
+        what = "is a directory" if Path(database).is_dir() else f"{folder}/ does not exist"
+        raise UserError(
+            f"MLFLOW_TRACKING_URI: got {uri!r}: {what}; expected a database file in an "
+            "existing directory"
+        )
 
 
 def _bad_port(parsed: ParseResult) -> bool:

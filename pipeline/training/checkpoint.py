@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -63,7 +64,14 @@ from torch.distributed.tensor import DTensor
 
 from pipeline.errors import UserError
 from pipeline.files import atomic_write
-from pipeline.results import CHECKPOINT_RECORD
+from pipeline.results import CHECKPOINT_RECORD, read_checkpoint_record
+from pipeline.training.checkpoint_files import (
+    check_shards,
+    dcp_failure,
+    read_metadata,
+    read_rank_state,
+    start_over,
+)
 
 MODEL, OPTIMIZER = "model", "optimizer"  # the two sections of the DCP state
 # Optimizer state keyed by parameter name ("state.<name>.momentum_buffer",
@@ -112,13 +120,7 @@ def load_sharded(
     """Load a DCP checkpoint's model and optimizer state into the live (possibly wrapped,
     sharded or staged) module and its optimizer. Collective: every rank calls it. `where`
     names the checkpoint in errors."""
-    try:
-        saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
-    except FileNotFoundError:
-        raise UserError(
-            f"{directory}: missing or incomplete, but {where / CHECKPOINT_RECORD} names it; "
-            f"delete {where} to start over"
-        ) from None
+    saved = read_metadata(directory, where).state_dict_metadata
     model = get_model_state_dict(module, options=OPTIONS)
     _check_model(model, saved, where)
     state: dict[str, Any] = {MODEL: model}
@@ -126,7 +128,10 @@ def load_sharded(
     has_optimizer = any(key.startswith(f"{OPTIMIZER}.") for key in saved)
     if has_optimizer:
         state[OPTIMIZER] = get_optimizer_state_dict(module, optimizer, options=OPTIONS)
-    dcp.load(state, checkpoint_id=directory)
+    try:
+        dcp.load(state, checkpoint_id=directory)
+    except CheckpointException as err:  # raised on every rank alike
+        raise dcp_failure(err, directory, where) from None
     set_model_state_dict(module, state[MODEL], options=OPTIONS)
     if has_optimizer:
         set_optimizer_state_dict(module, optimizer, state[OPTIMIZER], options=OPTIONS)
@@ -187,15 +192,9 @@ class Checkpointer:
     def latest(self, any_config: bool = False) -> tuple[Position, dict] | None:
         """The committed position and record, if a checkpoint of this configuration (or, with
         any_config, of any configuration) exists."""
-        try:
-            record = json.loads(self.record_path.read_text())
-        except FileNotFoundError:
+        record = read_checkpoint_record(self.directory)
+        if record is None:
             return None
-        except json.JSONDecodeError:
-            raise UserError(
-                f"{self.record_path}: corrupt checkpoint record; delete "
-                f"{self.directory} to start over"
-            ) from None
         if record.get("fingerprint") != self.key and not any_config:
             return None
         return Position(record["epoch"], record["step"]), record
@@ -234,19 +233,19 @@ class Checkpointer:
         if "directory" not in (self._committed() or {}):
             raise UserError(
                 f"{self.record_path}: a checkpoint of an earlier layout (one file per rank, "
-                f"no torch.distributed.checkpoint directory); delete {self.directory} to "
-                "start over"
+                f"no torch.distributed.checkpoint directory); {start_over(self.directory)}"
             )
         if rank is None:
             rank = self.rank if self.rank < self.saved_world_size() else 0
-        path = step_dir / f"rank{rank}.pt"
-        try:
-            return torch.load(path, weights_only=True, map_location="cpu")
-        except FileNotFoundError:
-            raise UserError(
-                f"{path}: missing, but {self.record_path} names it; delete "
-                f"{self.directory} to start over"
-            ) from None
+        return read_rank_state(step_dir / f"rank{rank}.pt", self.directory, self.record_path)
+
+    def verify(self, pos: Position) -> None:
+        """Every file of the checkpoint at `pos` reads, checked the same way on every rank
+        before any of them loads from it (checkpoint_files.py says why)."""
+        for rank in range(self.saved_world_size()):
+            self.load(pos, rank)
+        step_dir = self.step_dir(pos)
+        check_shards(step_dir, read_metadata(step_dir, self.directory), self.directory)
 
     def load_sharded(
         self, pos: Position, module: torch.nn.Module, optimizer: torch.optim.Optimizer

@@ -102,6 +102,7 @@ class CheckpointPolicy:
             fresh.tuned.update(self._tuned_before_restart())
             return fresh
         position, record = found
+        source.verify(position)  # every rank alike, before the collective load below
         state = source.load(position)
         # model and optimizer through torch.distributed.checkpoint: each rank reads its shard,
         # stage or replica of them (a collective)

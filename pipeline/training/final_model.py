@@ -12,8 +12,9 @@ import yaml
 from torch import nn
 
 from pipeline.data.device_data import normalize
-from pipeline.data.fashion_mnist import DATA_DIR, TENSORS
-from pipeline.results import CONFIG, MODEL
+from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
+from pipeline.errors import UserError, first_line
+from pipeline.results import CONFIG, MODEL, RERUN
 from pipeline.tracking.mlflow_run import ModelSource
 from pipeline.training.model import build_model
 
@@ -22,15 +23,29 @@ EXAMPLE_IMAGES = 4  # the input example's batch: more than 1, so the batch dimen
 
 def plain_model(out_dir: Path) -> nn.Sequential:
     """The plain model with the weights of `out_dir`/model.pt, in eval mode, on the CPU."""
-    cfg = yaml.safe_load((out_dir / CONFIG).read_text())
-    model = build_model(cfg["model"]["width"], cfg["seed"])
-    model.load_state_dict(torch.load(out_dir / MODEL, weights_only=True, map_location="cpu"))
+    strategy = out_dir.name
+    try:
+        cfg = yaml.safe_load((out_dir / CONFIG).read_text())
+        model = build_model(cfg["model"]["width"], cfg["seed"])
+    except Exception as err:  # noqa: BLE001 - whatever a damaged file makes of the reading
+        raise UserError(
+            f"{out_dir / CONFIG}: not this project's run configuration ({first_line(err)}); "
+            f"{RERUN.format(strategy=strategy)}"
+        ) from None
+    try:
+        state = torch.load(out_dir / MODEL, weights_only=True, map_location="cpu")
+        model.load_state_dict(state)
+    except Exception as err:  # noqa: BLE001 - likewise
+        raise UserError(
+            f"{out_dir / MODEL}: not the run's final weights ({first_line(err)}); "
+            f"{RERUN.format(strategy=strategy)}"
+        ) from None
     return model.float().eval()
 
 
 def input_example(data_dir: Path = DATA_DIR, n: int = EXAMPLE_IMAGES) -> np.ndarray:
     """The first `n` test images, normalized as training feeds them: float32 [n, 1, 28, 28]."""
-    tensors = torch.load(data_dir / TENSORS, weights_only=True, mmap=True)
+    tensors = load_tensors(data_dir, mmap=True)
     return normalize(tensors["test_images"][:n]).numpy()
 
 

@@ -13,6 +13,7 @@ the run's writer says how it ended through another (`stage_exit`).
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import logging
@@ -36,9 +37,9 @@ from pipeline.errors import (
     UserError,
     first_line,
 )
-from pipeline.results import CHECKPOINTS, RESULTS
+from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_record
 from pipeline.timeline import mark
-from pipeline.tracking.mlflow_run import FAILED, KILLED
+from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
 from pipeline.tracking.publish import publish_strategy
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 from pipeline.training import worker
@@ -61,15 +62,30 @@ START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 
 
 def check_writable(directory: Path) -> None:
+    """That the run can write `directory`, without creating it: a refused run leaves no
+    directory behind. Where it does not exist yet, its nearest existing ancestor must take a
+    new file (and so a new directory)."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory):
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.NamedTemporaryFile(dir=existing):
             pass
     except OSError as err:
         raise UserError(
             f"{directory}/: not writable ({err.strerror}); expected a directory "
             "this user can create files in"
         ) from None
+
+
+def check_kept_files(name: str) -> None:
+    """The run's own records of an earlier run, read before any worker starts: a corrupt one
+    is refused in one line here rather than in every rank (pipeline/results.py,
+    tracking/mlflow_run.py say what is checked and what fixes it)."""
+    read_checkpoint_record(CHECKPOINTS / name)
+    read_record(CHECKPOINTS / name / RUN_RECORD)
 
 
 def launch(name: str, cfg: Config, overrides: list[str]) -> int:
@@ -87,6 +103,7 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     check_job(strategy.FACTS, topology, nproc, plan)
     for directory in (RESULTS / name, CHECKPOINTS / name):
         check_writable(directory)
+    check_kept_files(name)
     plan.drawing_from(train_samples(cfg.data.limit_train))  # the data is there, and holds a batch
     # what the workers train with: all but the dist.* overrides, which only shape the launch
     worker_cfg = load_config("params.yaml", worker_overrides(overrides))
@@ -122,7 +139,8 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     if exit_code not in (0, STOPPED_EXIT):
         # a stop someone asked for that came before a checkpoint, or a failure (the agent also
         # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
-        settle_run(name, KILLED if signalled else FAILED, cfg.mlflow.log_model)
+        status = KILLED if signalled else FAILED
+        settle_run(name, status, cfg.mlflow.log_model, user_error=bool(user_error))
     if user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
     elif exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
@@ -168,13 +186,20 @@ def unsaved_stop_hint(name: str, at: tuple[int, int] | None) -> str:
     )
 
 
-def settle_run(name: str, status: str, log_model: bool) -> None:
+def settle_run(name: str, status: str, log_model: bool, user_error: bool = False) -> None:
     """Record how the stage's MLflow run ended when its workers could not say it themselves
     (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
-    and `python -m pipeline.publish` delivers it later."""
+    and `python -m pipeline.publish` delivers it later. After a worker's `user_error` only a
+    run still RUNNING is marked (workers that had opened theirs marked it FAILED; a record of
+    an earlier run, which the refused stage never reopened, stays as that run ended), and
+    nothing is said: the error's one line is the stage's answer."""
     try:
+        if user_error and read_record(CHECKPOINTS / name / RUN_RECORD).get("status") != RUNNING:
+            return
         publish_strategy(name, ended=status, model_of=model_source if log_model else None)
     except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
+        if user_error:
+            return
         print(
             f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",
             file=sys.stderr,

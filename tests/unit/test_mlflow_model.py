@@ -41,7 +41,9 @@ def results(tmp_path):
     torch.save(trained.state_dict(), out / MODEL)
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (8, 28, 28), dtype=torch.uint8, generator=generator)
-    torch.save({"test_images": images, "test_labels": torch.zeros(8)}, data / "tensors.pt")
+    labels = torch.zeros(8, dtype=torch.uint8)  # a whole fetched set: its reader checks it
+    tensors = {"train_images": images, "train_labels": labels}
+    torch.save({**tensors, "test_images": images, "test_labels": labels}, data / "tensors.pt")
     return out, data, trained
 
 

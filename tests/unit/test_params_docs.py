@@ -248,7 +248,8 @@ def test_describe_one_section():
     assert "ddp.nproc" not in text and "seed" not in text
     assert describe("seed") == (
         "top-level keys:\n  seed: 0\n"
-        "      Seeds weights, data order and augmentation, identically for every strategy.\n"
+        "      Seeds weights, data order and augmentation, identically for every strategy (0 to "
+        "4294967295).\n"
     )
     assert "No options of its own" in describe("single")
     assert describe("train") == text  # pure: same answer every time

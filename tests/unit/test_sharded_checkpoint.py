@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import UserError
-from pipeline.training.checkpoint import Checkpointer, Position, sharded_state
+from pipeline.training.checkpoint import Checkpointer, Position, rng_state, sharded_state
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -31,7 +31,10 @@ def train_step(model, optimizer, seed: int = 1):
 
 
 def save(ckpt, pos, model, optimizer, **own):
-    ckpt.save(pos, own, {"history": []}, sharded=sharded_state(model, optimizer))
+    """A save as the run makes it: each rank's own state whole (loading checks every part)."""
+    state = {"rng": rng_state(torch.device("cpu")), "train_totals": torch.zeros(3)}
+    state.update(grad_scaler=None, **own)
+    ckpt.save(pos, state, {"history": []}, sharded=sharded_state(model, optimizer))
 
 
 def test_state_comes_back_exactly_and_training_goes_on_identically(tmp_path):

@@ -31,7 +31,7 @@ from pipeline.errors import UserError
 from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
 from pipeline.training import precision
 from pipeline.training.build import fit_to_strategy
-from pipeline.training.checkpoint import Checkpointer, Position
+from pipeline.training.checkpoint import Checkpointer, Position, rng_state
 from pipeline.training.model import build_model
 from pipeline.training.optim import loss_function, lr_at, make_optimizer
 from pipeline.training.precision import (
@@ -46,7 +46,7 @@ CPU = torch.device("cpu")
 
 
 def config(*overrides: str) -> Config:
-    return load_config(Path("does-not-exist.yaml"), list(overrides))
+    return load_config(None, list(overrides))
 
 
 def batches_for(cfg: Config, data, rank: int, world: int, channels_last: bool, *raw_dir: Path):
@@ -520,7 +520,8 @@ def test_a_checkpoint_keeps_the_fp16_loss_scale(tmp_path):
     # checkpoint loader must accept (it refuses arbitrary objects)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     ckpt = Checkpointer(tmp_path, rank=0, world_size=1, writer=True, key="k")
-    ckpt.save(Position(1, 0), {"grad_scaler": scaler.state_dict()}, {"history": []})
+    own = {"rng": rng_state(CPU), "train_totals": torch.zeros(3)}  # a rank's whole state
+    ckpt.save(Position(1, 0), {**own, "grad_scaler": scaler.state_dict()}, {"history": []})
     restored = torch.amp.GradScaler("cpu")
     restored.load_state_dict(ckpt.load(ckpt.latest()[0])["grad_scaler"])
     assert restored.get_scale() == 1024.0

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.errors import UserError
 from pipeline.results import EpochRow
-from pipeline.tracking.mlflow_run import Tracker
+from pipeline.tracking.mlflow_run import Tracker, new_record
 from pipeline.tracking.publish import publish_strategy
 
 
@@ -190,9 +190,10 @@ def test_publish_refuses_epochs_of_another_run(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'never.db'}")
     checkpoints = tmp_path / "checkpoints" / "ddp"
     checkpoints.mkdir(parents=True)
-    record = {"fingerprint": "newer", "status": "RUNNING", "run_id": None}
+    record = new_record("newer", "tests", "ddp", {}, {})
     (checkpoints / "run.json").write_text(json.dumps(record))
-    (checkpoints / "latest.json").write_text(json.dumps({"fingerprint": "older", "history": []}))
+    older = {"fingerprint": "older", "epoch": 1, "step": 0, "history": []}
+    (checkpoints / "latest.json").write_text(json.dumps(older))
     with pytest.raises(UserError, match="belong to run older.* to run newer; not published"):
         publish_strategy("ddp")
     assert json.loads((checkpoints / "run.json").read_text()) == record

@@ -1,0 +1,210 @@
+"""Every form of damage to the files the project writes and reads back, in one process: each
+is refused as bad input (`UserError`), one line naming the file and the command that fixes
+it, never a traceback of torch's, pickle's or json's. Through the command line, with torchrun
+and a real run's files: tests/e2e/test_bad_files.py."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import load_config
+from pipeline.data.device_data import to_device
+from pipeline.data.download import convert
+from pipeline.data.fashion_mnist import load_tensors
+from pipeline.data.loaders import make_batches
+from pipeline.errors import UserError
+from pipeline.results import read_checkpoint_record
+from pipeline.tracking.mlflow_run import new_record, read_record
+from pipeline.training.checkpoint import Checkpointer, Position, rng_state, sharded_state
+
+# one process, no process group: DCP says it saves and loads locally, as meant here
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+AT = Position(1, 0)
+CPU = torch.device("cpu")
+
+
+def model_and_optimizer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 1, 6, 6)).sum().backward()
+    optimizer.step()  # momentum buffers: the optimizer's state is saved too
+    return model, optimizer
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A committed checkpoint as a run saves it: checkpoints/<strategy>/e1-s0/."""
+    model, optimizer = model_and_optimizer()
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, writer=True, key="k")
+    own = {"rng": rng_state(CPU), "train_totals": torch.zeros(3)}
+    sharded = sharded_state(model, optimizer)
+    ckpt.save(AT, {**own, "grad_scaler": None}, {"history": []}, sharded=sharded)
+    return ckpt
+
+
+def refusal(check, *words: str) -> str:
+    with pytest.raises(UserError) as err:
+        check()
+    message = str(err.value)
+    assert "\n" not in message and all(w in message for w in words), message
+    return message
+
+
+def torch_file(obj):
+    return lambda path: torch.save(obj, path)
+
+
+DAMAGE = {  # damage done to the file -> what to write in its place (None: delete it)
+    "garbage": lambda path: path.write_bytes(b"not what the project wrote"),
+    "empty": lambda path: path.write_bytes(b""),
+    "truncated": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
+    "missing": lambda path: path.unlink(),
+}
+RANK_FILE = {
+    **DAMAGE,
+    "another dict": torch_file({"x": torch.zeros(1)}),
+    "a list": torch_file([1, 2]),
+    "totals of another shape": torch_file({"rng": rng_state(CPU), "train_totals": torch.zeros(2)}),
+}
+
+
+@pytest.mark.parametrize("damage", RANK_FILE, ids=list(RANK_FILE))
+def test_a_damaged_rank_file(checkpoint, damage):
+    path = checkpoint.directory / "e1-s0" / "rank0.pt"
+    RANK_FILE[damage](path)
+    fix = f"delete {checkpoint.directory} to start over (rm -r {checkpoint.directory})"
+    refusal(lambda: checkpoint.verify(AT), f"{path}: ", fix)
+
+
+METADATA = {**DAMAGE, "another pickle": lambda path: path.write_bytes(pickle.dumps({"a": 1}))}
+
+
+@pytest.mark.parametrize("damage", METADATA, ids=list(METADATA))
+def test_damaged_metadata(checkpoint, damage):
+    step_dir = checkpoint.directory / "e1-s0"
+    METADATA[damage](step_dir / ".metadata")
+    message = refusal(lambda: checkpoint.verify(AT), "rm -r")
+    assert message.startswith(f"{step_dir}"), message
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "missing"])
+def test_a_shard_short_of_what_the_metadata_names(checkpoint, damage):
+    path = checkpoint.directory / "e1-s0" / "__0_0.distcp"
+    DAMAGE[damage](path)
+    refusal(lambda: checkpoint.verify(AT), f"{path}: ", "incomplete or damaged", "rm -r")
+
+
+def test_a_shard_damaged_inside_is_refused_by_the_load(checkpoint):
+    """Its size is right, so only reading it tells: DCP's failure, in one line."""
+    path = checkpoint.directory / "e1-s0" / "__0_0.distcp"
+    data = path.read_bytes()
+    path.write_bytes(data[:100] + bytes(1900) + data[2000:])
+    checkpoint.verify(AT)
+    model, optimizer = model_and_optimizer()
+    refusal(lambda: checkpoint.load_sharded(AT, model, optimizer), "a shard is damaged", "rm -r")
+
+
+RECORDS = {  # latest.json's damage -> what the line says of it
+    "[]": "a JSON list, expected an object",
+    '{"fingerprint": "k", "epoch": 1, "step": 0}': "history: got None",
+    '{"fingerprint": "k", "epoch": -1, "step": 0, "history": []}': "epoch: got -1",
+    '{"fingerprint": "k", "epoch": 1, "step": true, "history": []}': "step: got True",
+    '{"fingerprint": 3, "epoch": 1, "step": 0, "history": []}': "fingerprint: got 3",
+    '{"fingerprint": "k", "epoch": 1, "step": 0, "history": [], "directory": "../x"}': "'../x'",
+    '{"fingerprint": "k", "epoch": 1, "step": 0, "history": [], "world_size": 0}': "world_size",
+    '{"fingerprint": "k", "epoch": 1, "step": 0, "history": ["epoch 1"]}': "'epoch 1'",
+    '{"fingerprint": "k", "epoch": 1, "step": 0, "history": [{"epoch": 1}]}': "epoch's figures",
+    '{"fingerprint": "k", "epoch": 1, "st': "Unterminated string",
+}
+
+
+@pytest.mark.parametrize("text", RECORDS, ids=[f"latest{i}" for i in range(len(RECORDS))])
+def test_a_damaged_checkpoint_record(tmp_path, text):
+    (tmp_path / "latest.json").write_text(text)
+    fix = f"delete {tmp_path} to start over (rm -r {tmp_path})"
+    refusal(lambda: read_checkpoint_record(tmp_path), "latest.json: corrupt", RECORDS[text], fix)
+
+
+def run_record(**changes) -> str:
+    return json.dumps({**new_record("k", "tests", "ddp", {}, {}), **changes})
+
+
+RUN_RECORDS = {
+    "[]": "a JSON list",
+    run_record(status="DONE"): "status: got 'DONE'",
+    run_record(tags=["a"]): "tags: got ['a']",
+    run_record(run_id=7): "run_id: got 7",
+    json.dumps({"fingerprint": "k", "status": "RUNNING"}): "experiment: got None",  # half
+    "\x00\x01": "Expecting value",
+}
+
+
+@pytest.mark.parametrize("text", RUN_RECORDS, ids=[f"run{i}" for i in range(len(RUN_RECORDS))])
+def test_a_damaged_run_record(tmp_path, text):
+    path = tmp_path / "run.json"
+    path.write_text(text)
+    refusal(lambda: read_record(path), "run.json: corrupt MLflow run record", RUN_RECORDS[text])
+    assert read_record(tmp_path / "none.json") == {}  # none at all is not damage
+
+
+def fetched(**changes):
+    images = torch.zeros(4, 28, 28, dtype=torch.uint8)
+    labels = torch.zeros(4, dtype=torch.uint8)
+    tensors = {"train_images": images, "train_labels": labels}
+    return {**tensors, "test_images": images, "test_labels": labels, **changes}
+
+
+TENSORS = {
+    "another dict": ({"x": torch.zeros(1)}, "holds ['x']"),
+    "float images": (fetched(train_images=torch.zeros(4, 28, 28)), "train_images is not uint8"),
+    "images of 32x32": (
+        fetched(test_images=torch.zeros(4, 32, 32, dtype=torch.uint8)),
+        "test_images is not uint8 samples of shape (28, 28)",
+    ),
+    "a label 12": (
+        fetched(test_labels=torch.full((4,), 12, dtype=torch.uint8)),
+        "test label 12, expected 0 to 9",
+    ),
+    "labels short": (fetched(train_labels=torch.zeros(3, dtype=torch.uint8)), "4 train images"),
+}
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["worker", "launcher"])
+@pytest.mark.parametrize("case", [*TENSORS, "truncated"])
+def test_a_damaged_tensor_file(tmp_path, case, mmap):
+    path = tmp_path / "tensors.pt"
+    if case == "truncated":
+        torch.save(fetched(), path)
+        DAMAGE["truncated"](path)
+        words = "PytorchStreamReader failed"
+    else:
+        torch.save(TENSORS[case][0], path)
+        words = TENSORS[case][1]
+    fix = "run the fetch stage again (dvc repro fetch, or python -m pipeline.fetch)"
+    refusal(lambda: load_tensors(tmp_path, mmap=mmap), f"{path}: corrupt (", words, fix)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "missing"])
+def test_damaged_raw_files_of_the_dataloader(tmp_path, raw_dataset, damage):
+    """data.loader dataloader reads the fetched raw files (torchvision's way), every rank
+    alike, when the run is built."""
+    raw = tmp_path / "raw"
+    shutil.copytree(raw_dataset[0], raw)
+    DAMAGE[damage](raw / "train-labels-idx1-ubyte.gz")
+    cfg = load_config(None, ["data.loader=dataloader", "train.batch_size=16"])
+    data = to_device(convert(raw_dataset[0]), CPU, 64, 32)
+    plan = BatchPlan.make(16, 1).drawing_from(64)
+
+    def build():
+        return make_batches(data, cfg.data, 0, plan, 0, torch.float32, False, CPU, raw)
+
+    refusal(build, f"{raw}/: not the fetched Fashion-MNIST files", "dvc repro fetch")
