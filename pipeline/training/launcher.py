@@ -131,7 +131,7 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
         start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":
             prepare_forks()
-        code, signalled = run_agent(settings, start, (name, worker_cfg))
+        code, signalled, failure = run_agent(settings, start, (name, worker_cfg))
         user_error = error_file.read_text().strip() if error_file.exists() else ""
         outcome = read_outcome(outcome_file)
     mark("workers ended")
@@ -143,7 +143,9 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
         settle_run(name, status, cfg.mlflow.log_model, user_error=bool(user_error))
     if user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
-    elif exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
+    elif failure:
+        print(f"launch[{name}]: {failure}", file=sys.stderr, flush=True)
+    if not user_error and exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
         found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
         at = (found[0].epoch, found[0].step) if found else None
         if topology.multi_node:
@@ -207,13 +209,13 @@ def settle_run(name: str, status: str, log_model: bool, user_error: bool = False
         )
 
 
-def run_agent(settings: dict, start_method: str, args: tuple) -> tuple[int, bool]:
+def run_agent(settings: dict, start_method: str, args: tuple) -> tuple[int, bool, str]:
     """Run torchrun's elastic agent in this process: it rendezvouses, starts the workers
     (`worker.entry(*args)`), restarts them after a failure (`checkpoint.max_restarts`) and,
     on SIGTERM/SIGINT, passes the signal on and waits for them (30 s, then SIGKILL). Forked,
     the workers inherit this process's imports (torch, the project) instead of loading them
-    again. Returns the agent's exit code as torchrun's would be, and whether a signal
-    stopped it."""
+    again. Returns the agent's exit code as torchrun's would be, whether a signal stopped
+    it, and what failed, in words."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -221,24 +223,20 @@ def run_agent(settings: dict, start_method: str, args: tuple) -> tuple[int, bool
 
     # The agent's log is torchrun's console chatter; a worker prints its own traceback and
     # the launcher the one line that matters.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(logger).setLevel(logging.CRITICAL)
     config = LaunchConfig(**settings, start_method=start_method)
     try:
         elastic_launch(config, worker.entry)(*args)
     except SignalException:
-        return FAILURE_EXIT, True
+        return FAILURE_EXIT, True, ""
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        print(
-            f"launch: worker rank {rank} {exit_words(failure.exitcode)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return failure.exitcode or FAILURE_EXIT, False
+        words = f"worker rank {rank} {exit_words(failure.exitcode)}"
+        return failure.exitcode or FAILURE_EXIT, False, words
     except RendezvousError as err:
-        print(f"launch: rendezvous failed ({first_line(err)})", file=sys.stderr, flush=True)
-        return FAILURE_EXIT, False
-    return 0, False
+        return FAILURE_EXIT, False, f"rendezvous failed ({first_line(err)})"
+    return 0, False, ""
 
 
 def exit_words(code: int) -> str:
