@@ -180,7 +180,7 @@ class ProjectRow:
         self.name, self.cfg, self.ctx = name, cfg, ctx
         torch.manual_seed(cfg.seed)
         module = strategies.get(strategy)
-        plan = job_plan(cfg.train, module.FACTS, len(data.train_labels), ctx.world_size)
+        plan = job_plan(cfg.train, module.facts, len(data.train_labels), ctx.world_size)
         # a setting decided at the run's start (auto) is measured, as a fresh run does
         self.training = settle(build_training(cfg, module, ctx, data, plan, raw_dir), {})
         self.prec, self.loader = self.training.prec, self.training.loader

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             torch.manual_seed(cfg.seed)
             strategy = strategies.get(args.strategy)
-            plan = job_plan(cfg.train, strategy.FACTS, len(data.train_labels), 1)
+            plan = job_plan(cfg.train, strategy.facts, len(data.train_labels), 1)
             training = settle(build_training(cfg, strategy, ctx, data, plan), {})
             loader = training.loader
             totals = torch.zeros(3, device=device, dtype=torch.float64)

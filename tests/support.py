@@ -371,19 +371,21 @@ def batch_plan(cfg: Any, data_world: int = 1) -> Any:
     return plan.over(data_world, "test") if data_world > 1 else plan
 
 
-def strategy_nproc(strategy: Any, cfg: Any, n_gpus: int) -> int:
-    """strategy.nproc as the launcher calls it: its own section and the one-process plan."""
-    return strategy.nproc(getattr(cfg, strategy.FACTS.name), batch_plan(cfg), n_gpus)
+def strategy_nproc(spec: Any, cfg: Any, n_gpus: int) -> int:
+    """A strategy's SPEC.nproc as the launcher calls it: its own section and the one-process
+    plan."""
+    return spec.nproc(getattr(cfg, spec.facts.name), batch_plan(cfg), n_gpus)
 
 
-def parallelize(strategy: Any, model: Any, cfg: Any, ctx: Any) -> Any:
-    """strategy.parallelize as build_training calls it (the run's precision's autocast)."""
+def parallelize(spec: Any, model: Any, cfg: Any, ctx: Any) -> Any:
+    """A strategy's SPEC.parallelize as build_training calls it (the run's precision's
+    autocast)."""
     from pipeline.training.precision import build_precision
 
-    world = ctx.world_size if strategy.FACTS.data_parallel else 1
+    world = ctx.world_size if spec.facts.data_parallel else 1
     autocast = build_precision(cfg.train.precision, ctx.device).autocast
-    return strategy.parallelize(
-        model, getattr(cfg, strategy.FACTS.name), batch_plan(cfg, world), ctx, autocast
+    return spec.parallelize(
+        model, getattr(cfg, spec.facts.name), batch_plan(cfg, world), ctx, autocast
     )
 
 

@@ -1,21 +1,22 @@
-"""The strategies, by name: one module each in this package, all with the same small contract
-(`base.Strategy`), each declaring its own facts (`FACTS`). `NAMES` is the one list of them, in
-the order reports show them.
+"""The strategies, by name: the registry. One module each in this package, named after the
+strategy, ends with its typed `SPEC` (`base.StrategySpec`: its facts and its two builders).
+`NAMES` is the one list of them, in the order reports show them.
 
 A strategy module is imported only when a run asks for it (`get`): some pull in heavy parts of
-torch (FSDP, pipelining) that the other strategies and the other stages never need.
+torch (FSDP, pipelining) that the other strategies and the other stages never need, and each
+train stage depends on its own strategy's modules alone (dvc.yaml, pipeline/stage_code.py).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pipeline.errors import UserError
 
 if TYPE_CHECKING:
-    from pipeline.strategies.base import Strategy
+    from pipeline.strategies.base import StrategySpec
 
 # Adding a strategy: CONTRIBUTING.md ("Adding a strategy").
 NAMES = ("single", "dp", "balanced_dp", "ddp", "fsdp", "pipeline_parallel")
@@ -33,6 +34,12 @@ def check_strategy(name: str) -> None:
         raise UserError(f"strategy {name!r} is unknown; expected one of {', '.join(NAMES)}")
 
 
-def get(name: str) -> Strategy:
+def get(name: str) -> StrategySpec[Any]:
+    """The strategy's spec. Its options type is checked where the module builds the spec; a
+    name known only at run time cannot say which it is, hence Any here."""
     check_strategy(name)
-    return cast("Strategy", importlib.import_module(f"{__name__}.{name}"))
+    module = importlib.import_module(f"{__name__}.{name}")
+    # a cast, not an isinstance check: that needs base.py imported at this module's top, and
+    # torch with it, in every command that only reads NAMES (tests/unit/test_layout.py
+    # checks that each module's SPEC is a StrategySpec under its own name)
+    return cast("StrategySpec[Any]", module.SPEC)

@@ -33,7 +33,14 @@ from pipeline.config import BalancedDpConfig
 from pipeline.context import DistContext
 from pipeline.errors import UserError
 from pipeline.strategies import gpu0_autotune
-from pipeline.strategies.base import Autocast, DataParallelRun, LoopForward, StrategyFacts, Tuned
+from pipeline.strategies.base import (
+    Autocast,
+    DataParallelRun,
+    LoopForward,
+    StrategyFacts,
+    StrategySpec,
+    Tuned,
+)
 from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
 from pipeline.strategies.dp import batchnorm_note, device_names, split_note
 from pipeline.strategies.replica_autocast import AutocastDataParallel, keep_autocast
@@ -232,3 +239,6 @@ def split_inputs(
         return [obj] * n_chunks
 
     return split(tuple(inputs)), [dict(part) for part in split(dict(kwargs))]
+
+
+SPEC = StrategySpec(FACTS, nproc, parallelize)

@@ -1,22 +1,27 @@
-"""What every strategy module declares (`StrategyFacts`) and provides (`Strategy`), and the two
-kinds of result it hands the shared training loop (`DataParallelRun`, `PipelinedRun`).
+"""What a strategy is (`StrategySpec`: its facts, how many processes it needs, how it
+parallelizes the model), and the two kinds of result it hands the shared training loop
+(`DataParallelRun`, `PipelinedRun`).
 
-A strategy module (one per file in this package, named in `pipeline.strategies.NAMES`) has:
+A strategy module (one per file in this package, named in `pipeline.strategies.NAMES`) ends
+with `SPEC = StrategySpec(FACTS, nproc, parallelize)`, where
 
-    FACTS: StrategyFacts
-        its facts, stated once: its params section, whether it spans nodes, its capabilities,
-        and the keys of its section that change what a run computes
-    def nproc(options, plan: BatchPlan, n_gpus: int) -> int
+    FACTS: StrategyFacts[Options]
+        its facts, stated once: its params section's dataclass (`Options`), whether it
+        spans nodes, its capabilities, and the keys of its section that change what a run
+        computes
+    def nproc(options: Options, plan: BatchPlan, n_gpus: int) -> int
         processes torchrun must start, given its own params section, the batch as one
         process trains it, and the GPUs chosen (0: the CPU); raises UserError if the
         strategy cannot run as asked
-    def parallelize(model, options, plan: BatchPlan, ctx: DistContext, autocast) -> Run
+    def parallelize(model, options: Options, plan: BatchPlan, ctx: DistContext, autocast) -> Run
         applies the parallelism to the plain model (the six blocks of
         pipeline.training.model.resnet18), already on ctx.device; `plan` is the batch over
         this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory).
         A setting the run decides once at its start (`auto`) is left to its `tuned`, which
         pipeline/training/tuning.py settles before the first step
 
+`StrategySpec` is generic in the options type, so where a module builds its SPEC mypy checks
+that both builders take the section its FACTS name (tests/unit/test_strategy_types.py).
 The loop (pipeline/training/loop.py) branches on the type of the result, never on names.
 """
 
@@ -26,7 +31,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Generic, Optional, TypeVar, Union
 
 import torch
 import torch.distributed as dist
@@ -35,14 +40,17 @@ from torch import nn
 from pipeline.batch_plan import BatchPlan
 from pipeline.context import DistContext
 
-Autocast = Callable[[], ContextManager]
+Autocast = Callable[[], ContextManager[object]]
 Forward = Callable[[torch.Tensor], torch.Tensor]  # images -> logits
+StateDict = dict[str, Any]  # a module's state_dict (tensors, and what a BatchNorm keeps)
+
+OptionsT = TypeVar("OptionsT")  # a strategy's options: the dataclass of its params section
 
 
 @dataclass(frozen=True)
-class StrategyFacts:
+class StrategyFacts(Generic[OptionsT]):
     name: str  # the strategy's name, its module's and its params section's
-    options: type  # the dataclass of its params section (pipeline/config.py)
+    options: type[OptionsT]  # the dataclass of its params section (pipeline/config.py)
     # its world is processes per node x nodes (else it runs on one node)
     spans_nodes: bool
     # each rank trains a share of every micro-batch: the plan's data_world is the world size
@@ -58,7 +66,7 @@ class StrategyFacts:
     # whether, with these options, what a run computes is the same at any world size (the
     # global batch, its order and the BatchNorm statistics all independent of the ranks): a
     # checkpoint then resumes at another world size, resharded (identity.py)
-    same_at_any_world_size: Callable[[Any], bool] = lambda options: False
+    same_at_any_world_size: Callable[[OptionsT], bool] = lambda options: False
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class _Run:
     batch_split: list[int]  # samples each device gets per forward of one micro-batch
     # the whole model's state_dict on the writer (a collective where the model is split);
     # None: the module's own
-    full_state_dict: Optional[Callable[[], dict]] = None
+    full_state_dict: Optional[Callable[[], StateDict]] = None
     notes: tuple[str, ...] = ()  # facts for the record, e.g. "dp on 1 device: runs unsplit"
     # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -106,13 +114,13 @@ class _Run:
     # frees them and joins their threads (pipeline/training/worker.py `exit_cleanly`)
     release: Callable[[], None] = lambda: None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> StateDict:
         if self.full_state_dict is not None:
             return self.full_state_dict()
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
 
 
-def _always_reduce(_: bool) -> ContextManager:
+def _always_reduce(_: bool) -> ContextManager[object]:
     return nullcontext()
 
 
@@ -124,7 +132,7 @@ class DataParallelRun(_Run):
     forward: Callable[[torch.Tensor], torch.Tensor]  # images -> logits on the writer's device
     # reduce_grads_if(is_last_micro_step): context for a micro-step's backward; with gradient
     # accumulation, gradients are reduced across ranks only in the last one's
-    reduce_grads_if: Callable[[bool], ContextManager] = _always_reduce
+    reduce_grads_if: Callable[[bool], ContextManager[object]] = _always_reduce
     # called on every rank before each evaluation: ranks whose BatchNorm buffers drifted
     # apart take the writer's, so the reported test accuracy is that of the saved model
     before_eval: Callable[[], None] = lambda: None
@@ -142,19 +150,15 @@ class PipelinedRun(_Run):
 Run = Union[DataParallelRun, PipelinedRun]
 
 
-class Strategy(Protocol):
-    FACTS: StrategyFacts
+@dataclass(frozen=True)
+class StrategySpec(Generic[OptionsT]):
+    """A strategy, as the launcher, the worker and the tests use it: `facts` and the two
+    builders all about the same options type, so a builder that takes another section
+    than the one FACTS names does not type-check."""
 
-    def nproc(self, options: Any, plan: BatchPlan, n_gpus: int) -> int: ...
-
-    def parallelize(
-        self,
-        model: nn.Sequential,
-        options: Any,
-        plan: BatchPlan,
-        ctx: DistContext,
-        autocast: Autocast,
-    ) -> Run: ...
+    facts: StrategyFacts[OptionsT]
+    nproc: Callable[[OptionsT, BatchPlan, int], int]
+    parallelize: Callable[[nn.Sequential, OptionsT, BatchPlan, DistContext, Autocast], Run]
 
 
 def writer_buffers(model: nn.Module, writer_rank: int = 0) -> Callable[[], None]:

@@ -19,6 +19,7 @@ from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
     StrategyFacts,
+    StrategySpec,
     gpu_count_or_nproc,
     writer_buffers,
 )
@@ -66,3 +67,6 @@ def parallelize(
         notes=notes,
         before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
     )
+
+
+SPEC = StrategySpec(FACTS, nproc, parallelize)

@@ -24,7 +24,7 @@ from torch import nn
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import DpConfig
 from pipeline.context import DistContext
-from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts
+from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts, StrategySpec
 from pipeline.strategies.batch_split import dp_split
 from pipeline.strategies.replica_autocast import AutocastDataParallel
 
@@ -84,3 +84,6 @@ def batchnorm_note(name: str, split: list[int]) -> str | None:
         f"uses statistics gathered from {kept} sample(s) per forward, not from the whole "
         f"batch as in single"
     )
+
+
+SPEC = StrategySpec(FACTS, nproc, parallelize)

@@ -30,6 +30,7 @@ from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
     StrategyFacts,
+    StrategySpec,
     gpu_count_or_nproc,
     writer_buffers,
 )
@@ -121,3 +122,6 @@ def parallelize(
         # sharding caches hold the mesh for the life of the process
         release=mesh._pg_registry.clear,
     )
+
+
+SPEC = StrategySpec(FACTS, nproc, parallelize)

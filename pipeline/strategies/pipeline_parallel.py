@@ -48,7 +48,7 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.strategies.base import Autocast, PipelinedRun, StrategyFacts
+from pipeline.strategies.base import Autocast, PipelinedRun, StrategyFacts, StrategySpec
 
 FACTS = StrategyFacts(
     name="pipeline_parallel",
@@ -251,3 +251,6 @@ def looped(
         notes=tuple(notes),
         eval_batch_size=step_batch,
     )
+
+
+SPEC = StrategySpec(FACTS, nproc, parallelize)

@@ -7,7 +7,7 @@ from torch import nn
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import SingleConfig
 from pipeline.context import DistContext
-from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts
+from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts, StrategySpec
 
 FACTS = StrategyFacts(name="single", options=SingleConfig, spans_nodes=False, data_parallel=False)
 
@@ -30,3 +30,6 @@ def parallelize(
         devices=[str(ctx.device)],
         batch_split=[plan.micro],
     )
+
+
+SPEC = StrategySpec(FACTS, nproc, parallelize)

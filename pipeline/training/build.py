@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -23,8 +23,8 @@ from pipeline.strategies.base import (
     LoopForward,
     PipelinedRun,
     Run,
-    Strategy,
     StrategyFacts,
+    StrategySpec,
 )
 from pipeline.training.model import build_model
 from pipeline.training.optim import loss_function, make_optimizer
@@ -43,7 +43,7 @@ from pipeline.training.precision import (
 @dataclass(frozen=True)
 class Training:
     run: Run  # what the strategy returned, as it returned it
-    facts: StrategyFacts
+    facts: StrategyFacts[Any]
     plan: BatchPlan  # the batch over this job's data-parallel ranks
     # a DataParallelRun's forward as the loop calls it (compiled when train.compile); None for
     # a pipeline, whose schedule runs its own stages
@@ -61,7 +61,7 @@ class Training:
 
 def build_training(
     cfg: Config,
-    strategy: Strategy,
+    strategy: StrategySpec[Any],
     ctx: DistContext,
     data: DeviceData,
     plan: BatchPlan,
@@ -69,7 +69,7 @@ def build_training(
 ) -> Training:
     """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision.
     A run with a setting still to decide (`run.tuned`) is settled by tuning.py."""
-    device, facts = ctx.device, strategy.FACTS
+    device, facts = ctx.device, strategy.facts
     # one precision for the job, which every rank computes its gradients in (a collective)
     capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
     prec = build_precision(cfg.train.precision, device, capabilities)
@@ -122,7 +122,7 @@ def build_training(
 
 
 def fit_to_strategy(
-    precision: Precision, run: Run, facts: StrategyFacts, channels_last: Optional[bool]
+    precision: Precision, run: Run, facts: StrategyFacts[Any], channels_last: Optional[bool]
 ) -> tuple[Precision, bool]:
     """Apply to the parallelized model what its strategy can take; note what it cannot.
 

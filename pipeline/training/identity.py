@@ -132,7 +132,7 @@ def _changed(old: dict, new: dict) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def shaping_keys(facts: StrategyFacts) -> tuple[str, ...]:
+def shaping_keys(facts: StrategyFacts[Any]) -> tuple[str, ...]:
     """The params that shape a run of this strategy (SHAPING's sections as prefixes)."""
     return (*SHAPING, *(f"{facts.name}.{key}" for key in facts.shaping_keys))
 
@@ -144,7 +144,7 @@ def shapes(key: str, keys: tuple[str, ...]) -> bool:
 
 def run_identity(
     cfg: Config,
-    facts: StrategyFacts,
+    facts: StrategyFacts[Any],
     world_size: int,
     data_file: Path,
     hardware: dict[str, Any],

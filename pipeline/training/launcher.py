@@ -100,7 +100,7 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
     nproc = strategy.nproc(getattr(cfg, name), plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
-    check_job(strategy.FACTS, topology, nproc, plan)
+    check_job(strategy.facts, topology, nproc, plan)
     for directory in (RESULTS / name, CHECKPOINTS / name):
         check_writable(directory)
     check_kept_files(name)

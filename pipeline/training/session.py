@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,9 @@ class RunEnd:
     writer: bool
 
 
-def job_plan(train: TrainConfig, facts: StrategyFacts, n_train: int, world_size: int) -> BatchPlan:
+def job_plan(
+    train: TrainConfig, facts: StrategyFacts[Any], n_train: int, world_size: int
+) -> BatchPlan:
     """The batch plan of a job of `world_size` processes: over every rank where the strategy
     is data-parallel, else as one process trains it."""
     plan = BatchPlan.make(train.batch_size, train.grad_accum)
@@ -81,11 +84,11 @@ def run(
     torch.manual_seed(cfg.seed)
     data = to_device(load_tensors(), ctx.device, cfg.data.limit_train, cfg.data.limit_test)
     mark("data on device", ctx.rank)
-    plan = job_plan(cfg.train, strategy.FACTS, len(data.train_labels), ctx.world_size)
+    plan = job_plan(cfg.train, strategy.facts, len(data.train_labels), ctx.world_size)
     training = build_training(cfg, strategy, ctx, data, plan)
     mark("model built", ctx.rank)
     hardware = run_hardware(ctx, training.run.devices, training.prec.name)
-    identity = run_identity(cfg, strategy.FACTS, ctx.world_size, DATA_DIR / TENSORS, hardware)
+    identity = run_identity(cfg, strategy.facts, ctx.world_size, DATA_DIR / TENSORS, hardware)
     policy = CheckpointPolicy(
         cfg.checkpoint,
         cfg.train.epochs,

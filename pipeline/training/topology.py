@@ -136,12 +136,12 @@ def resolve_topology(dist: Any, env: Mapping[str, str], strategy: str) -> Topolo
     )
 
 
-def check_job(facts: StrategyFacts, topology: Topology, nproc: int, plan: BatchPlan) -> None:
+def check_job(facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: BatchPlan) -> None:
     """The strategy can span the nodes asked for, and a data-parallel strategy's batch splits
     evenly at every world size the elastic range allows. `plan`: the batch as one process
     trains it."""
     if topology.multi_node and not facts.spans_nodes:
-        spanning = [n for n in strategies.NAMES if strategies.get(n).FACTS.spans_nodes]
+        spanning = [n for n in strategies.NAMES if strategies.get(n).facts.spans_nodes]
         raise UserError(
             f"{topology.source}: got {topology.nnodes}, but strategy {facts.name!r} "
             f"runs on one node; expected 1 (multi-node: {', '.join(spanning)})"

@@ -47,22 +47,22 @@ def config(batch_size=32, grad_accum=2, gpu0_bsz=None) -> Config:
 
 @pytest.mark.parametrize("gpu0_bsz", [None, 0, 16, 32, "auto"])
 def test_nproc_is_one_process_for_any_gpu0_bsz_within_the_batch(gpu0_bsz):
-    assert strategy_nproc(balanced_dp, config(gpu0_bsz=gpu0_bsz), 4) == 1
-    assert strategy_nproc(dp, config(), 4) == 1
+    assert strategy_nproc(balanced_dp.SPEC, config(gpu0_bsz=gpu0_bsz), 4) == 1
+    assert strategy_nproc(dp.SPEC, config(), 4) == 1
 
 
 def test_nproc_refuses_gpu0_bsz_above_the_batch():
     with pytest.raises(
         UserError, match=r"^balanced_dp\.gpu0_bsz: got 34, .*train\.batch_size \(32\)"
     ):
-        strategy_nproc(balanced_dp, config(gpu0_bsz=34), 4)
+        strategy_nproc(balanced_dp.SPEC, config(gpu0_bsz=34), 4)
 
 
 def test_nproc_refuses_gpu0_bsz_the_steps_forwards_cannot_share():
     with pytest.raises(
         UserError, match=r"^balanced_dp\.gpu0_bsz: got 5, .*train\.grad_accum \(2\)"
     ):
-        strategy_nproc(balanced_dp, config(gpu0_bsz=5), 4)
+        strategy_nproc(balanced_dp.SPEC, config(gpu0_bsz=5), 4)
 
 
 def test_gpu0_bsz_is_gpu0s_share_per_optimizer_step_as_in_the_notes():
@@ -71,16 +71,16 @@ def test_gpu0_bsz_is_gpu0s_share_per_optimizer_step_as_in_the_notes():
     2+3+3 as well."""
     three_gpus = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0", "1", "2"))
     cfg = config(batch_size=16, grad_accum=2, gpu0_bsz=4)
-    par = parallelize(balanced_dp, nn.Linear(3, 2), cfg, three_gpus)
+    par = parallelize(balanced_dp.SPEC, nn.Linear(3, 2), cfg, three_gpus)
     assert par.batch_split == [2, 3, 3] and par.forward.gpu0_bsz == 2
-    par = parallelize(balanced_dp, nn.Linear(3, 2), config(8, 1, gpu0_bsz=2), three_gpus)
+    par = parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config(8, 1, gpu0_bsz=2), three_gpus)
     assert par.batch_split == [2, 3, 3]
 
 
 @pytest.mark.parametrize("strategy", [dp, balanced_dp])
 def test_parallelize_on_cpu_calls_the_model(strategy):
     model = nn.Linear(3, 2)
-    par = parallelize(strategy, model, config(gpu0_bsz=4), CPU)
+    par = parallelize(strategy.SPEC, model, config(gpu0_bsz=4), CPU)
     x = torch.randn(5, 3)
     assert torch.equal(par.forward(x), model(x))
     assert par.module is model  # state_dict keys match single's: no "module." prefix
@@ -91,19 +91,23 @@ def test_parallelize_reports_the_split_of_a_three_gpu_context():
     """What the strategies record for 3 GPUs; nothing runs (splitting needs real GPUs)."""
     three_gpus = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0", "1", "2"))
     devices = ["cuda:0", "cuda:1", "cuda:2"]
-    par = parallelize(dp, nn.Linear(3, 2), config(batch_size=20), three_gpus)
+    par = parallelize(dp.SPEC, nn.Linear(3, 2), config(batch_size=20), three_gpus)
     assert par.devices == devices and par.batch_split == [4, 4, 2]
     assert par.notes[0] == "dp: each micro-batch of 10 is split 4+4+2 over cuda:0, cuda:1, cuda:2"
-    par = parallelize(balanced_dp, nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=4), three_gpus)
+    par = parallelize(
+        balanced_dp.SPEC, nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=4), three_gpus
+    )
     assert par.devices == devices and par.batch_split == [2, 3, 3]
     # what people compare sees that BatchNorm's statistics come from GPU 0's 2 samples
     (note,) = [n for n in par.notes if "BatchNorm" in n]
     assert "2+3+3" in note and "from 2 sample(s) per forward" in note
-    par = parallelize(balanced_dp, nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=0), three_gpus)
+    par = parallelize(
+        balanced_dp.SPEC, nn.Linear(3, 2), config(batch_size=16, gpu0_bsz=0), three_gpus
+    )
     assert par.batch_split == [0, 4, 4] and par.notes[0].endswith("; no samples on cuda:0")
     assert any("from 4 sample(s) per forward" in n for n in par.notes)
     # unsplit, BatchNorm sees the whole batch: nothing to say
-    par = parallelize(dp, nn.Linear(3, 2), config(batch_size=20), CPU)
+    par = parallelize(dp.SPEC, nn.Linear(3, 2), config(batch_size=20), CPU)
     assert not any("BatchNorm" in n for n in par.notes)
 
 

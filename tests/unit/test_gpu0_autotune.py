@@ -229,7 +229,7 @@ def config(gpu0_bsz, batch_size=32, grad_accum=2) -> Config:
 
 
 def test_nproc_does_not_compare_auto_with_the_micro_batch():
-    assert strategy_nproc(balanced_dp, config("auto"), 4) == 1
+    assert strategy_nproc(balanced_dp.SPEC, config("auto"), 4) == 1
 
 
 def settled(par):
@@ -240,15 +240,15 @@ def settled(par):
 
 def test_auto_is_left_to_settle_and_a_set_value_is_not():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    assert parallelize(balanced_dp, nn.Linear(3, 2), config(8), cpu).tuned is None
-    par = parallelize(balanced_dp, nn.Linear(3, 2), config("auto"), cpu)
+    assert parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config(8), cpu).tuned is None
+    par = parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu)
     assert par.tuned.key == CHOSEN_KEY and par.params == {}
     assert not any(note.startswith(CHOSEN_KEY) for note in par.notes)
 
 
 def test_parallelize_on_cpu_resolves_auto_to_the_even_split():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    par = settled(parallelize(balanced_dp, nn.Linear(3, 2), config("auto"), cpu))
+    par = settled(parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu))
     assert par.batch_split == [16] and par.forward.gpu0_bsz is None and par.tuned is None
     assert par.params == {CHOSEN_KEY: None}
     assert any(note.startswith(f"{CHOSEN_KEY}=null") for note in par.notes)
@@ -267,7 +267,7 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
     monkeypatch.setattr(autotune, "measure", fake_measure)
     three_gpus = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0", "1", "2"))
     unsettled = parallelize(
-        balanced_dp, nn.Linear(3, 2), config("auto", batch_size=16, grad_accum=1), three_gpus
+        balanced_dp.SPEC, nn.Linear(3, 2), config("auto", batch_size=16, grad_accum=1), three_gpus
     )
     assert not seen  # nothing measured until the run is settled
     par = settled(unsettled)

@@ -196,7 +196,7 @@ def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
 def test_every_key_is_shaping_a_strategys_own_or_named_as_not_shaping():
     """A new key must be placed: in SHAPING, in a strategy's section (its FACTS say which of
     its keys shape the run), or in NOT_SHAPING above."""
-    sections = {name: strategies.get(name).FACTS for name in strategies.NAMES}
+    sections = {name: strategies.get(name).facts for name in strategies.NAMES}
     for key in flatten(Config()):
         section = key.split(".")[0]
         placed = [

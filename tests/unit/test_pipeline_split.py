@@ -18,15 +18,15 @@ def test_pipeline_stages_beyond_gpus_is_a_user_error():
     cfg = Config()
     cfg.pipeline_parallel.stages = 3
     with pytest.raises(UserError, match=r"pipeline_parallel\.stages: got 3.* 2 GPU"):
-        strategy_nproc(pipeline_parallel, cfg, 2)
-    assert strategy_nproc(pipeline_parallel, cfg, 0) == 3  # on the CPU: one gloo process each
+        strategy_nproc(pipeline_parallel.SPEC, cfg, 2)
+    assert strategy_nproc(pipeline_parallel.SPEC, cfg, 0) == 3  # on the CPU: one gloo process each
 
 
 def test_pipeline_microbatches_must_divide_the_step_batch():
     cfg = Config()
     cfg.train.batch_size, cfg.train.grad_accum, cfg.pipeline_parallel.microbatches = 32, 2, 3
     with pytest.raises(UserError, match=r"pipeline_parallel\.microbatches.*train\.batch_size"):
-        strategy_nproc(pipeline_parallel, cfg, 0)
+        strategy_nproc(pipeline_parallel.SPEC, cfg, 0)
 
 
 def test_split_points_balance_the_heaviest_stage():
@@ -71,10 +71,10 @@ def test_one_gpu_or_one_cpu_process_holds_every_stage():
     cfg.pipeline_parallel.stages = 3
     cfg.train.batch_size = 32
     cfg.pipeline_parallel.microbatches = 4
-    assert strategy_nproc(pipeline_parallel, cfg, 1) == 1  # one GPU: a looped schedule on it
-    assert strategy_nproc(pipeline_parallel, cfg, 4) == 3  # a GPU per stage
+    assert strategy_nproc(pipeline_parallel.SPEC, cfg, 1) == 1  # one GPU: a looped schedule on it
+    assert strategy_nproc(pipeline_parallel.SPEC, cfg, 4) == 3  # a GPU per stage
     cfg.pipeline_parallel.nproc = 1
-    assert strategy_nproc(pipeline_parallel, cfg, 0) == 1
+    assert strategy_nproc(pipeline_parallel.SPEC, cfg, 0) == 1
     cfg.pipeline_parallel.nproc = 2
     with pytest.raises(UserError, match=r"pipeline_parallel\.nproc: got 2, expected 3 .* or 1"):
-        strategy_nproc(pipeline_parallel, cfg, 0)
+        strategy_nproc(pipeline_parallel.SPEC, cfg, 0)

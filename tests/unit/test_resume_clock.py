@@ -78,7 +78,7 @@ def process(data, directory, stop_before, monkeypatch):
     cfg = Config()
     cfg.model.width, cfg.train.batch_size, cfg.train.epochs = 4, 16, 1
     plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single, CPU, data, plan)
+    training = build_training(cfg, single.SPEC, CPU, data, plan)
     # the recorder of a rank that writes no results/ and keeps no MLflow run
     training = replace(training, run=replace(training.run, writer=False))
     policy = CheckpointPolicy(cfg.checkpoint, 1, directory, IDENTITY, CPU, True, None)

@@ -1,5 +1,7 @@
 """How many nodes a train stage spans and the elastic agent settings that say so (pure)."""
 
+from typing import Any
+
 import pytest
 
 from pipeline import strategies
@@ -128,8 +130,8 @@ def test_bad_topology_is_one_line_naming_its_source(env, words):
     assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), err.value
 
 
-def facts(name: str) -> StrategyFacts:
-    return strategies.get(name).FACTS
+def facts(name: str) -> StrategyFacts[Any]:
+    return strategies.get(name).facts
 
 
 def test_which_strategies_span_nodes_and_batch_divisibility():

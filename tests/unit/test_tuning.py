@@ -49,7 +49,7 @@ class Start:
         cfg.balanced_dp.gpu0_bsz = "auto"
         ctx = replace(CPU, restart=restart)
         plan = job_plan(cfg.train, balanced_dp.FACTS, len(data.train_labels), 1)
-        built = build_training(cfg, balanced_dp, ctx, data, plan)
+        built = build_training(cfg, balanced_dp.SPEC, ctx, data, plan)
         real = built.run.tuned
         assert real is not None
         self.measured = 0

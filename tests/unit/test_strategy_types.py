@@ -1,0 +1,89 @@
+"""A strategy whose builders take another params section than its FACTS name is a type error
+where its module builds its SPEC (pipeline/strategies/base.py, `StrategySpec`), so `make
+lint` refuses it before any run would call a builder with the wrong section."""
+
+import subprocess
+import sys
+import textwrap
+
+from support import REPO
+
+SNIPPET = textwrap.dedent(
+    """
+    from torch import nn
+
+    from pipeline.batch_plan import BatchPlan
+    from pipeline.config import DdpConfig, FsdpConfig
+    from pipeline.context import DistContext
+    from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts, StrategySpec
+
+    DDP = StrategyFacts(
+        name="ddp",
+        options=DdpConfig,
+        spans_nodes=True,
+        data_parallel=True,
+        same_at_any_world_size=lambda options: options.sync_bn,
+    )
+    FSDP = StrategyFacts(name="fsdp", options=FsdpConfig, spans_nodes=True, data_parallel=True)
+
+    def nproc(options: DdpConfig, plan: BatchPlan, n_gpus: int) -> int:
+        return options.nproc
+
+    def parallelize(
+        model: nn.Sequential,
+        options: DdpConfig,
+        plan: BatchPlan,
+        ctx: DistContext,
+        autocast: Autocast,
+    ) -> DataParallelRun:
+        raise NotImplementedError
+
+    def parallelize_fsdp(
+        model: nn.Sequential,
+        options: FsdpConfig,
+        plan: BatchPlan,
+        ctx: DistContext,
+        autocast: Autocast,
+    ) -> DataParallelRun:
+        raise NotImplementedError
+
+    SPEC = StrategySpec(DDP, nproc, parallelize)
+    OTHER_SECTION = StrategySpec(DDP, nproc, parallelize_fsdp)  # error: fsdp's section
+    OTHER_FACTS = StrategySpec(FSDP, nproc, parallelize)  # error: ddp's builders
+    SWAPPED = StrategySpec(DDP, parallelize, nproc)  # error: each builder in the other's place
+    TYPO = StrategyFacts(
+        name="ddp",
+        options=DdpConfig,
+        spans_nodes=True,
+        data_parallel=True,
+        same_at_any_world_size=lambda options: options.sync_batchnorm,  # error: no such key
+    )
+    """
+)
+
+
+def test_a_builder_for_another_section_is_a_type_error(tmp_path):
+    snippet = tmp_path / "bad_strategy.py"
+    snippet.write_text(SNIPPET)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(snippet),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = SNIPPET.splitlines()
+    flagged = sorted(
+        {int(line.split(":")[1]) for line in proc.stdout.splitlines() if ": error:" in line}
+    )
+    expected = [i for i, line in enumerate(lines, 1) if "# error:" in line]
+    assert flagged == expected, proc.stdout
