@@ -36,7 +36,20 @@ PROJECT_FILES = [
     ".dvcignore",
     ".gitignore",
     "pyproject.toml",
+    "stage_code",  # links (pipeline/stage_code.py): copied as links, so edits reach DVC
 ]
+
+
+def code_deps(deps: list[str], item: str | None = None) -> set[str]:
+    """A stage's code deps (dvc.yaml), as the project's .py files DVC hashes: `${item}` filled
+    in, directories expanded, and stage_code/'s links followed to the modules they name."""
+    files = set()
+    for dep in deps:
+        path = REPO / (dep.replace("${item}", item) if item else dep)
+        if dep.startswith(("pipeline/", "stage_code/")):
+            found = path.rglob("*.py") if path.is_dir() else [path]
+            files |= {p.resolve().relative_to(REPO).as_posix() for p in found}
+    return files
 
 
 def write_raw(directory: Path, n_train: int = 512, n_test: int = 128) -> dict[str, str]:
@@ -100,7 +113,9 @@ def make_project(dest: Path, params: dict) -> Path:
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
-            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                src, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
         else:
             shutil.copy2(src, target)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

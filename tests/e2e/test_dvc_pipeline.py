@@ -2,11 +2,14 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
+from dvc.repo import Repo
 from mlflow.tracking import MlflowClient
 
+from pipeline.strategies import NAMES
 from support import LEARNED, dvc, make_project, tiny_params
 
 
@@ -70,6 +73,9 @@ def test_second_repro_does_nothing(repro):
         ("pipeline/training/loop.py", {"train@single", "train@ddp"}),
         # launch code is no concern of the download
         ("pipeline/training/topology.py", {"train@single", "train@ddp"}),
+        # a strategy's own module (stage_code/ddp links it): its stage alone
+        ("pipeline/strategies/ddp.py", {"train@ddp"}),
+        ("pipeline/strategies/base.py", {"train@single", "train@ddp"}),
     ],
 )
 def test_a_code_edit_makes_stale_exactly_the_stages_that_run_it(repro, module, stages):
@@ -77,6 +83,60 @@ def test_a_code_edit_makes_stale_exactly_the_stages_that_run_it(repro, module, s
     path = project / module
     original = path.read_text()
     path.write_text(original + "# an edit\n")  # DVC compares contents, not times
+    try:
+        stale = json.loads(dvc(project, "status", "--json").stdout)
+        assert set(stale) == stages, stale
+    finally:
+        path.write_text(original)
+    assert json.loads(dvc(project, "status", "--json").stdout) == {}
+
+
+EVERY_TRAIN_STAGE = {f"train@{name}" for name in NAMES}
+
+
+@pytest.fixture(scope="module")
+def every_stage_recorded(tmp_path_factory, http_mirror):
+    """A project of every strategy whose stages DVC holds as up to date without training:
+    fetch runs; the train and compare stages' outputs are stand-ins, which `dvc commit`
+    records together with the code each stage depends on."""
+    project = make_project(
+        tmp_path_factory.mktemp("every") / "project",
+        tiny_params(http_mirror, strategies=list(NAMES)),
+    )
+    dvc(project, "repro", "fetch")
+    with Repo(str(project)) as repo:
+        outs = [Path(out.fs_path) for out in repo.index.outs]
+    for path in outs:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("a stand-in\n")
+    dvc(project, "commit", "--force")
+    assert json.loads(dvc(project, "status", "--json").stdout) == {}
+    return project
+
+
+@pytest.mark.parametrize(
+    "module,stages",
+    [
+        ("pipeline/strategies/fsdp.py", {"train@fsdp"}),
+        ("pipeline/strategies/pipeline_parallel.py", {"train@pipeline_parallel"}),
+        ("pipeline/strategies/gpu0_autotune.py", {"train@balanced_dp"}),
+        # helpers shared by some strategies: theirs
+        ("pipeline/strategies/sync_batchnorm.py", {"train@ddp", "train@fsdp"}),
+        ("pipeline/strategies/dp.py", {"train@dp", "train@balanced_dp"}),
+        # the code every strategy runs: all of them
+        ("pipeline/strategies/base.py", EVERY_TRAIN_STAGE),
+        ("pipeline/training/loop.py", EVERY_TRAIN_STAGE),
+    ],
+)
+def test_a_strategy_edit_makes_stale_the_train_stages_that_run_it(
+    every_stage_recorded, module, stages
+):
+    """Issue 31: an edit to fsdp.py made all six train stages stale (hours of GPU time)."""
+    project = every_stage_recorded
+    path = project / module
+    original = path.read_text()
+    path.write_text(original + "# an edit\n")
     try:
         stale = json.loads(dvc(project, "status", "--json").stdout)
         assert set(stale) == stages, stale

@@ -24,7 +24,7 @@ from pipeline.training.identity import (
     shapes,
     source_digest,
 )
-from support import REPO
+from support import REPO, code_deps
 
 # What never changes what a run computes: where the data came from, which strategies the
 # experiment lists, which GPUs, the launch, checkpointing, MLflow, the report, `make quick`.
@@ -162,12 +162,7 @@ def test_every_file_the_train_stage_depends_on_is_in_the_identity_or_named_outsi
     run and hands on what it measured. Issue 28: pipeline/memory.py was neither, and an
     edit to it brought back the old memory figures."""
     deps = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
-    files = set()
-    for dep in deps:
-        path = REPO / dep
-        if dep.startswith("pipeline/"):
-            tree = {p.relative_to(REPO).as_posix() for p in path.rglob("*.py")}
-            files |= tree if path.is_dir() else {dep}
+    files = set().union(*(code_deps(deps, name) for name in strategies.NAMES))
     code = worker_code()
     assert sorted(f for f in files if f not in code and in_identity(module_of(f))) == []
     assert sorted(f for f in code if not in_identity(module_of(f))) == []

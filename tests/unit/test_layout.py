@@ -5,6 +5,7 @@ strategy names kept in one place, and a `--help` on every command."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import subprocess
@@ -15,25 +16,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import strategies
+from pipeline import stage_code, strategies
 from pipeline.config import Config
 from pipeline.strategies.base import StrategySpec
-from support import REPO
+from support import REPO, code_deps
 
 PACKAGE = REPO / "pipeline"
 DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
 STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports as it runs
-    "fetch": ("pipeline.fetch", []),
-    "train": (
-        "pipeline.train",
-        [
-            "pipeline.training.launcher",
-            "pipeline.training.worker",
-            *(f"pipeline.strategies.{name}" for name in strategies.NAMES),
-        ],
-    ),
-    "compare": ("pipeline.compare", []),
+    "fetch": ("pipeline.fetch", ()),
+    # and, train@X, the module of strategy X (strategies.get)
+    "train": ("pipeline.train", ("pipeline.training.launcher", "pipeline.training.worker")),
+    "compare": ("pipeline.compare", ()),
 }
+STAGES = ["fetch", *(f"train@{name}" for name in strategies.NAMES), "compare"]
 COMMANDS = [
     "pipeline.fetch",
     "pipeline.train",
@@ -41,6 +37,7 @@ COMMANDS = [
     "pipeline.publish",
     "pipeline.compare_experiments",
     "pipeline.quickstart",
+    "pipeline.stage_code",
 ]
 
 
@@ -127,29 +124,46 @@ def test_no_project_module_is_imported_inside_a_function():
 
 def stage_body(stage: str) -> dict:
     """The stage as written: a foreach stage's template is under `do`."""
-    body = DVC["stages"][stage]
+    body = DVC["stages"][stage.partition("@")[0]]
     return body.get("do", body)
 
 
 def stage_deps(stage: str) -> set[str]:
-    """The stage's code deps from dvc.yaml, directories expanded to their .py files."""
-    files = set()
-    for dep in stage_body(stage)["deps"]:
-        path = REPO / dep
-        if not dep.startswith("pipeline"):
-            continue  # data and results
-        files |= {str(p.relative_to(REPO)) for p in path.rglob("*.py")} if path.is_dir() else {dep}
-    return files
+    """The code deps of a stage (train@X: the foreach's for item X), as the files DVC hashes."""
+    return code_deps(stage_body(stage)["deps"], stage.partition("@")[2] or None)
 
 
-def imported_files(entry: str, extra: list[str]) -> set[str]:
-    code = (
-        "import importlib, json, sys\n"
-        f"for name in {[entry, *extra]!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-        "    if (n == 'pipeline' or n.startswith('pipeline.')) and m.__file__)))"
-    )
+# Run in a fresh interpreter: what the stage's command imports, then each strategy's module
+# alone, as the worker does (strategies.get), unloading what it brought before the next.
+LOADED = """
+import importlib, json, sys
+
+def loaded():
+    return sorted(m.__file__ for n, m in sys.modules.items()
+                  if (n == "pipeline" or n.startswith("pipeline.")) and m.__file__)
+
+for name in MODULES:
+    importlib.import_module(name)
+before, found = set(sys.modules), {"": loaded()}
+for strategy in STRATEGIES:
+    importlib.import_module("pipeline.strategies." + strategy)
+    found[strategy] = loaded()
+    for name in set(sys.modules) - before:
+        if name.startswith("pipeline."):
+            del sys.modules[name]
+            parent, _, child = name.rpartition(".")
+            if hasattr(sys.modules.get(parent), child):  # else `from parent import child`
+                delattr(sys.modules[parent], child)  # would take it without importing it
+print(json.dumps(found))
+"""
+
+
+@functools.cache
+def imported_files(modules: tuple[str, ...], with_strategies: bool) -> dict[str, set[str]]:
+    """ "" -> the project's files loaded by importing `modules`; each strategy's name -> those
+    loaded by importing its module too (with_strategies)."""
+    names = strategies.NAMES if with_strategies else ()
+    code = f"MODULES = {list(modules)!r}\nSTRATEGIES = {list(names)!r}\n{LOADED}"
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -158,20 +172,54 @@ def imported_files(entry: str, extra: list[str]) -> set[str]:
         check=True,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     ).stdout
-    return {str(Path(f).relative_to(REPO)) for f in json.loads(out)}
+    return {
+        key: {str(Path(f).relative_to(REPO)) for f in files}
+        for key, files in json.loads(out).items()
+    }
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE_MODULES))
+@pytest.mark.parametrize("stage", STAGES)
 def test_each_stage_depends_on_exactly_the_code_it_runs(stage):
-    entry, extra = STAGE_MODULES[stage]
+    """A change to a file a stage does not run re-runs nothing; one to a file it runs re-runs
+    it. For train@X: X's own modules (stage_code/X) and the code every strategy runs."""
+    name, _, strategy = stage.partition("@")
+    entry, extra = STAGE_MODULES[name]
     assert stage_body(stage)["cmd"].startswith(f"python -m {entry}")
-    assert stage_deps(stage) == imported_files(entry, extra)
+    assert stage_deps(stage) == imported_files((entry, *extra), bool(strategy))[strategy]
+
+
+def test_stage_code_is_what_the_registry_generates():
+    """stage_code/ (each strategy's own modules, linked) and the plot's columns in dvc.yaml
+    are python -m pipeline.stage_code's output for the registry as it is."""
+    assert stage_code.differences() == []
+
+
+def test_an_edit_to_a_strategys_module_re_runs_the_stages_that_import_it():
+    """Which train stages each strategy module is a dependency of: its own, and those of the
+    strategies that import it; base.py and the registry every one's."""
+    users = {
+        f"pipeline/strategies/{module}.py": sorted(
+            name
+            for name in strategies.NAMES
+            if f"pipeline/strategies/{module}.py" in stage_deps(f"train@{name}")
+        )
+        for module in ("fsdp", "sync_batchnorm", "dp", "gpu0_autotune", "base", "__init__")
+    }
+    assert users == {
+        "pipeline/strategies/fsdp.py": ["fsdp"],
+        "pipeline/strategies/sync_batchnorm.py": ["ddp", "fsdp"],
+        "pipeline/strategies/dp.py": ["balanced_dp", "dp"],  # balanced_dp imports its notes
+        "pipeline/strategies/gpu0_autotune.py": ["balanced_dp"],
+        "pipeline/strategies/base.py": sorted(strategies.NAMES),
+        "pipeline/strategies/__init__.py": sorted(strategies.NAMES),
+    }
 
 
 def test_reporting_code_is_no_dependency_of_training():
     """Editing a plot must not retrain anything (the dvc status of such an edit is checked
     for real in tests/e2e/test_dvc_pipeline.py)."""
-    assert not any(f.startswith("pipeline/reporting/") for f in stage_deps("train"))
+    for name in strategies.NAMES:
+        assert not any(f.startswith("pipeline/reporting/") for f in stage_deps(f"train@{name}"))
     assert not any(f.startswith("pipeline/reporting/") for f in stage_deps("fetch"))
 
 

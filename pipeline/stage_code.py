@@ -1,0 +1,173 @@
+"""python -m pipeline.stage_code [--check]: the parts of dvc.yaml the strategy registry
+decides, generated so they cannot drift from it (tests/unit/test_layout.py runs --check).
+
+    stage_code/<strategy>/   links to the strategy's own modules: those of pipeline/strategies/
+                             its module imports, directly or not, that the code every train
+                             stage runs does not. train@<strategy> depends on this directory,
+                             so an edit to fsdp.py re-runs train@fsdp alone, one to
+                             sync_batchnorm.py train@ddp and train@fsdp.
+    the plot's columns       one per name in pipeline.strategies.NAMES (dvc.yaml `plots`)
+
+DVC cannot give each item of a `foreach` its own list of deps (no nested interpolation:
+`${deps.${item}}`, treeverse/dvc#5167), but it can a path built from the item; DVC hashes
+the files a directory's links point to. Run it after adding a strategy or changing what a
+strategy module imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import sys
+from pathlib import Path
+
+from pipeline.strategies import NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "pipeline.strategies"
+LINKS = ROOT / "stage_code"
+DVC_YAML = ROOT / "dvc.yaml"
+PLOT_LINE = re.compile(r"^(\s+reports/accuracy\.csv: )\[.*\]$", re.MULTILINE)
+
+
+def module_file(module: str) -> Path:
+    path = ROOT.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def runtime_imports(module: str) -> set[str]:
+    """The modules of pipeline.strategies that importing `module` runs (its own imports, not
+    those under `if TYPE_CHECKING:`, which never run), its parent packages included."""
+    tree = ast.parse(module_file(module).read_text())
+    typing_only = {
+        id(node)
+        for block in tree.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in ast.walk(block)
+    }
+    named: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pipeline.strategies import dp` imports the submodule dp
+            named |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    found = set()
+    for name in named:
+        parts = name.split(".")
+        found |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
+    return {m for m in found if m.startswith(PACKAGE) and module_file(m).exists()}
+
+
+def closure(roots: set[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = set(roots)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo |= runtime_imports(module)
+    return seen
+
+
+def shared_modules() -> set[str]:
+    """What every train stage runs of pipeline.strategies: what the rest of the project
+    imports of it (the registry, base.py), and what those import."""
+    roots = set()
+    for path in (ROOT / "pipeline").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[:2] != ("pipeline", "strategies"):
+            roots |= runtime_imports(".".join(parts).removesuffix(".__init__"))
+    return closure(roots)
+
+
+def own_modules() -> dict[str, list[Path]]:
+    """Each strategy's own modules, as files relative to the repository."""
+    shared = shared_modules()
+    return {
+        name: sorted(
+            module_file(m).relative_to(ROOT) for m in closure({f"{PACKAGE}.{name}"}) - shared
+        )
+        for name in NAMES
+    }
+
+
+def expected_links() -> dict[Path, str]:
+    """stage_code/<strategy>/<file> -> its relative link target."""
+    links = {}
+    for name, files in own_modules().items():
+        for file in files:
+            link = LINKS / name / file.relative_to(*PACKAGE.split("."))
+            links[link] = os.path.relpath(ROOT / file, link.parent)
+    return links
+
+
+def current_links() -> dict[Path, str]:
+    if not LINKS.exists():
+        return {}
+    return {p: os.readlink(p) if p.is_symlink() else "" for p in LINKS.rglob("*") if not p.is_dir()}
+
+
+def expected_dvc_yaml() -> str:
+    text = DVC_YAML.read_text()
+    return PLOT_LINE.sub(lambda m: f"{m.group(1)}[{', '.join(NAMES)}]", text, count=1)
+
+
+def differences() -> list[str]:
+    expected, current = expected_links(), current_links()
+    lines = [
+        f"{p.relative_to(ROOT)}: {'-> ' + current[p] if p in current else 'missing'}, "
+        f"expected -> {target}"
+        for p, target in sorted(expected.items())
+        if current.get(p) != target
+    ]
+    lines += [
+        f"{p.relative_to(ROOT)}: not a module of its strategy" for p in current if p not in expected
+    ]
+    if expected_dvc_yaml() != DVC_YAML.read_text():
+        lines.append(f"dvc.yaml: the plot's columns are not {', '.join(NAMES)}")
+    return lines
+
+
+def write() -> None:
+    expected = expected_links()
+    for path, target in current_links().items():
+        if expected.get(path) != target:
+            path.unlink()
+    for path, target in expected.items():
+        if not path.is_symlink():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.symlink_to(target)
+    for directory in sorted(LINKS.rglob("*"), reverse=True):  # a strategy's former links
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+    DVC_YAML.write_text(expected_dvc_yaml())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.stage_code",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 listing what differs"
+    )
+    args = parser.parse_args(argv)
+    if args.check:
+        lines = differences()
+        for line in lines:
+            print(line, file=sys.stderr)
+        if lines:
+            print("run: python -m pipeline.stage_code", file=sys.stderr)
+        return 1 if lines else 0
+    write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

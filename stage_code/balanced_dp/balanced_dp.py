@@ -1,0 +1,1 @@
+../../pipeline/strategies/balanced_dp.py

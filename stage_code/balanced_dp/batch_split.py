@@ -1,0 +1,1 @@
+../../pipeline/strategies/batch_split.py

@@ -1,0 +1,1 @@
+../../pipeline/strategies/gpu0_autotune.py

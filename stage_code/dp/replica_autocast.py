@@ -1,0 +1,1 @@
+../../pipeline/strategies/replica_autocast.py
