@@ -143,6 +143,20 @@ class Tracker:
     def _write(self) -> None:
         write_record(self.record_path, self.record)
 
+    def open_soon(self, history: list[EpochRow], then: Callable[[], None]) -> None:
+        """The run in MLflow (created, or a resumed one's status, params, tags and epochs
+        brought up to date), then `then` (its system metrics started), on a background
+        thread: training's first step does not wait for MLflow's import and its store
+        (seconds). run.json, written already, is the truth meanwhile; later pushes wait for
+        this one."""
+
+        def open_run() -> None:
+            self._publish(history)
+            then()
+
+        self._background = threading.Thread(target=open_run, name="mlflow-open", daemon=True)
+        self._background.start()
+
     def publish_soon(self, history: list[EpochRow]) -> None:
         """`publish` on a background thread, so the next epoch does not wait for MLflow (tens
         of ms an epoch into SQLite, more over a network: percents of a sub-second GPU epoch).
@@ -232,8 +246,11 @@ class Tracker:
             )
 
     def close(self) -> None:
-        """End the run's threads in this process: the system-metrics sampler (its last sample
-        logged) and the step metrics' sender (what is queued sent first)."""
+        """End the run's threads in this process: a push under way, the system-metrics sampler
+        (its last sample logged) and the step metrics' sender (what is queued sent first)."""
+        if self._background is not None:
+            self._background.join()
+            self._background = None
         if self._monitor is not None:
             publish_final_sample(self._monitor)
             self._monitor = None
