@@ -19,9 +19,9 @@ from pipeline.results import (
     ARTIFACTS,
     CHECKPOINT_RECORD,
     CHECKPOINTS,
-    METRICS,
     RESULTS,
     RUN_RECORD,
+    SUMMARY,
     EpochRow,
     read_summary,
 )
@@ -58,7 +58,7 @@ def publish_strategy(
             f"again to settle {name})"
         )
     history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
-    summary = read_summary(name) if (RESULTS / name / METRICS).exists() else None
+    summary = read_summary(name) if (RESULTS / name / SUMMARY).exists() else None
     finished = summary is not None and summary.fingerprint == key
     artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
     if finished:

@@ -97,4 +97,4 @@ def test_unwritable_output_directory(project, tmp_path):
 
 def test_compare_without_results(project):
     line = refused(project, "pipeline.compare")
-    assert "results/single/metrics.json: not found" in line and "train@single" in line
+    assert "results/single/summary.json: not found" in line and "train@single" in line
