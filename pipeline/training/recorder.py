@@ -83,7 +83,7 @@ class RunRecorder:
             "gpus": ",".join(gpus.values()) or "cpu",
             "batch_split": "+".join(map(str, run.batch_split)),
             "dvc_stage": f"train@{self.name}",
-            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/metrics.json calls it
+            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/summary.json calls it
             # MLflow's run description: what the comparison must be read with
             "mlflow.note.content": "\n".join(self.notes),
             **gpu_tags(gpus),
