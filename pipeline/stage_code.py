@@ -6,7 +6,7 @@ decides, generated so they cannot drift from it (tests/unit/test_layout.py runs 
                              stage runs does not. train@<strategy> depends on this directory,
                              so an edit to fsdp.py re-runs train@fsdp alone, one to
                              sync_batchnorm.py train@ddp and train@fsdp.
-    the plot's columns       one per name in pipeline.strategies.NAMES (dvc.yaml `plots`)
+    the plots' columns       one per name in pipeline.strategies.NAMES (dvc.yaml `plots`)
 
 DVC cannot give each item of a `foreach` its own list of deps (no nested interpolation:
 `${deps.${item}}`, treeverse/dvc#5167), but it can a path built from the item; DVC hashes
@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "pipeline.strategies"
 LINKS = ROOT / "stage_code"
 DVC_YAML = ROOT / "dvc.yaml"
-PLOT_LINE = re.compile(r"^(\s+reports/accuracy\.csv: )\[.*\]$", re.MULTILINE)
+# the per-strategy charts' columns: `reports/<file>.csv: [single, dp, ...]`
+PLOT_LINE = re.compile(r"^(\s+reports/\w+\.csv: )\[.*\]$", re.MULTILINE)
 
 
 def module_file(module: str) -> Path:
@@ -114,7 +115,7 @@ def current_links() -> dict[Path, str]:
 
 def expected_dvc_yaml() -> str:
     text = DVC_YAML.read_text()
-    return PLOT_LINE.sub(lambda m: f"{m.group(1)}[{', '.join(NAMES)}]", text, count=1)
+    return PLOT_LINE.sub(lambda m: f"{m.group(1)}[{', '.join(NAMES)}]", text)
 
 
 def differences() -> list[str]:
@@ -129,7 +130,7 @@ def differences() -> list[str]:
         f"{p.relative_to(ROOT)}: not a module of its strategy" for p in current if p not in expected
     ]
     if expected_dvc_yaml() != DVC_YAML.read_text():
-        lines.append(f"dvc.yaml: the plot's columns are not {', '.join(NAMES)}")
+        lines.append(f"dvc.yaml: the plots' columns are not {', '.join(NAMES)}")
     return lines
 
 

@@ -9,8 +9,11 @@ Objectives (a strategy missing the figure is left out of that objective and name
   peak_memory        lowest training peak on the strategy's busiest device
   memory_balance     lowest training memory imbalance (max/mean over devices), among the
                      strategies that spread over more than one device
-Two strategies tie when their figures read the same at the precision the report shows them;
-tied strategies are all recommended, the best of their exact figures first.
+Two strategies tie when their figures read the same at the precision the report shows them,
+and, in the memory rankings, when they differ by no more than the larger of the two
+strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of one
+run's memory measurement); tied strategies are all recommended, the best exact figure first.
+With one epoch there is no spread, and the answer says the difference is untested.
 
 Accuracy differences against `single` are called real or within noise only with a measured
 noise estimate: the spread (max - min) of final test accuracy across seeds of otherwise
@@ -23,13 +26,14 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeline.reporting.table import BASELINE
 from pipeline.results import WARMUP_STANDS_IN
-from pipeline.tracking.comparison import Registration
+from pipeline.tracking.comparison import RECOMMENDED, Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
 # measured here for dp against single
@@ -46,6 +50,14 @@ SEED_SWEEP = (
 )
 # the objective whose choice the compare stage registers in MLflow, if it has one
 REGISTERED_OBJECTIVE = "throughput"
+# the MLflow model alias of each objective's pick (models:/<name>@least-memory), beside
+# comparison.RECOMMENDED, the registered choice's
+OBJECTIVE_ALIASES = {
+    "fastest_to_target": "fastest-to-target",
+    "throughput": "highest-throughput",
+    "peak_memory": "least-memory",
+    "memory_balance": "most-even-memory",
+}
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,10 @@ class _Objective:
     shown: Callable[[float], str]  # as the report shows it: equal text = a tie
     lower_is_better: bool
     describe: Callable[[dict, float], str]  # "ddp 12345 samples/s"
+    # the figure's epoch-to-epoch spread in a run (a row key): a difference within the larger
+    # of two strategies' spreads is a tie; None: the precision rule alone
+    spread: Optional[str] = None
+    spread_shown: str = ""  # its format and unit in the reasons: ".0f MiB"
 
 
 def _and(names: Sequence[str]) -> str:
@@ -166,6 +182,8 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.0f}",
             True,
             lambda r, v: f"{r['strategy']} {v:.0f} MiB ({_busiest(r)})",
+            "peak_memory_spread_mib",
+            ".0f MiB",
         ),
         _Objective(
             "memory_balance",
@@ -174,8 +192,34 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.2f}",
             True,
             lambda r, v: f"{r['strategy']} {v:.2f} over {_count(r, device)}",
+            "mem_imbalance_spread",
+            ".3f",
         ),
     ]
+
+
+def _ties(objective: _Objective, best_row: dict, best: float, row: dict, value: float) -> bool:
+    """Reads the same as the best, or (memory) lies within the larger measured spread."""
+    if objective.shown(value) == objective.shown(best):
+        return True
+    if objective.spread is None:
+        return False
+    spreads = (best_row.get(objective.spread), row.get(objective.spread))
+    known = [s for s in spreads if s is not None]
+    return bool(known) and abs(value - best) <= max(known)
+
+
+def _spread_reason(objective: _Objective, ranked: list[dict]) -> str:
+    key = objective.spread or ""
+    known = [(r["strategy"], r[key]) for r in ranked if r.get(key) is not None]
+    if not known:
+        return (
+            "no epoch-to-epoch spread measured (it takes 2 or more epochs): the differences "
+            "are not tested against noise"
+        )
+    spec, _, unit = objective.spread_shown.partition(" ")
+    cells = ", ".join(f"{name} {s:{spec}}{' ' + unit if unit else ''}" for name, s in known)
+    return f"epoch-to-epoch spread (a difference within it is a tie): {cells}"
 
 
 def _winner_reason(objective: str, row: dict, value: float, device: str) -> str:
@@ -259,13 +303,15 @@ def _recommend(
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
     best_row, best = ranked[0]
-    winners = [(r, v) for r, v in ranked if objective.shown(v) == objective.shown(best)]
-    rest = ranked[len(winners) :]
+    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v)]
+    tied = {id(r) for r, _ in winners}  # not always the first ones: each has its own spread
+    rest = [(r, v) for r, v in ranked if id(r) not in tied]
     names = tuple(r["strategy"] for r, _ in winners)
     reasons = []
     if len(winners) > 1:
-        tied = "; ".join(objective.describe(r, v) for r, v in winners)
-        reasons.append(f"{_and(names)} tie ({tied})")
+        cells = "; ".join(objective.describe(r, v) for r, v in winners)
+        within = any(objective.shown(v) != objective.shown(best) for _, v in winners)
+        reasons.append(f"{_and(names)} tie{' within the spread' if within else ''} ({cells})")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
     if objective.key == "memory_balance":
         primary = _winner_reason(objective.key, best_row, best, device)
@@ -288,6 +334,8 @@ def _recommend(
     warm = [r["strategy"] for r, _ in measured if r.get("steady_basis") == WARMUP_STANDS_IN]
     if objective.key == "throughput" and warm:
         reasons.append(f"including warm-up (no epoch free of it): {', '.join(warm)}")
+    if objective.spread is not None and len(measured) > 1:
+        reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
@@ -423,11 +471,18 @@ def _model_line(registered: Optional[Registration]) -> Optional[str]:
         return None
     if registered.version is None:
         return f"MLflow model: not registered ({registered.why_not})"
-    return (
+    line = (
         f"MLflow model: {registered.strategy}'s ({registered.objective}) registered as "
         f"{registered.name} version {registered.version} (run {registered.run_id}); load it "
         f'with `mlflow.pytorch.load_model("{registered.uri}")`'
     )
+    others = {a: vs for a, vs in registered.aliases.items() if a != RECOMMENDED}
+    if others:  # each objective's pick, which may be another strategy's version
+        line += ". Per objective: " + ", ".join(
+            f"`@{alias}` {strategy}'s (version {version})"
+            for alias, (version, strategy) in others.items()
+        )
+    return line
 
 
 def _title(r: Recommendation) -> str:
@@ -446,6 +501,19 @@ def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
     if model is not None:
         lines += ["", model]
     return "\n".join(lines) + "\n"
+
+
+def text(answer: Answer, registered: Optional[Registration] = None, width: int = 120) -> str:
+    """`markdown` as the compare stage prints it: every line wrapped to `width`, a list item's
+    continuation lines indented under its text."""
+    out = []
+    for line in markdown(answer, registered).splitlines():
+        item = re.match(r"^(\s*- )", line)
+        hang = " " * len(item.group(1)) if item else ""
+        out += textwrap.wrap(
+            line, width, subsequent_indent=hang, break_long_words=False, break_on_hyphens=False
+        ) or [""]
+    return "\n".join(out) + "\n"
 
 
 def html_section(answer: Answer, registered: Optional[Registration] = None) -> str:

@@ -83,7 +83,7 @@ class RunRecorder:
             "gpus": ",".join(gpus.values()) or "cpu",
             "batch_split": "+".join(map(str, run.batch_split)),
             "dvc_stage": f"train@{self.name}",
-            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/metrics.json calls it
+            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/summary.json calls it
             # MLflow's run description: what the comparison must be read with
             "mlflow.note.content": "\n".join(self.notes),
             **gpu_tags(gpus),
@@ -104,10 +104,12 @@ class RunRecorder:
             self.key,
             fresh=self.fresh,
         )
-        tracker.publish(self.history)
         # a run resumed at its end trains nothing: no samples of it in the finished run
         interval = cfg.report.system_metrics_interval_s if len(self.history) < self.epochs else None
-        tracker.start_system_metrics(interval, gpu_uuids(gpus), resume=bool(self.history))
+        tracker.open_soon(
+            self.history,
+            lambda: tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history)),
+        )
         for note in self.notes:
             self.say(f"note: {note}")
         return tracker
