@@ -59,10 +59,11 @@ from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.data.loaders import torchvision_root
 from pipeline.results import EpochRow
 from pipeline.training.build import build_training
-from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
+from pipeline.training.loop import train_epoch, wait_for_device
 from pipeline.training.model import build_model
 from pipeline.training.precision import build_precision, configure_backends, cpu_has_native_bf16
 from pipeline.training.session import job_plan
+from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,8 +28,9 @@ from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.training.build import build_training
-from pipeline.training.loop import StopRequest, train_epoch, wait_for_device
+from pipeline.training.loop import train_epoch, wait_for_device
 from pipeline.training.session import job_plan
+from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
 

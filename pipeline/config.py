@@ -389,7 +389,7 @@ def load_config(path: str | Path | None = "params.yaml", overrides: Sequence[str
     return merge_and_validate(raw, dot, source=source)
 
 
-def merge_and_validate(raw: dict, dot: dict, source: str) -> Config:
+def merge_and_validate(raw: dict[str, Any], dot: dict[str, Any], source: str) -> Config:
     schema = OmegaConf.structured(Config)
     for where, layer in ((source, raw), ("override", dot)):
         try:
@@ -402,8 +402,8 @@ def merge_and_validate(raw: dict, dot: dict, source: str) -> Config:
     return cfg
 
 
-def _parse_dotlist(items: Sequence[str]) -> dict:
-    out: dict = {}
+def _parse_dotlist(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for item in items:
         key, _, text = item.partition("=")
         try:
@@ -439,7 +439,7 @@ def _split_key(key: str) -> list[str]:
     return parts
 
 
-def check_keys(raw: dict, schema: type, source: str, prefix: str = "") -> None:
+def check_keys(raw: dict[str, Any], schema: type, source: str, prefix: str = "") -> None:
     """Unknown keys are refused by name, with the nearest known key as a hint."""
     known = {f.name: f for f in dataclasses.fields(schema)}
     for key, value in raw.items():
@@ -650,7 +650,7 @@ def _describe_key(key: str, value: Any, doc: str, default: Any) -> list[str]:
 
 def _yaml_flow(value: Any) -> str:
     """A value as YAML writes it on one line: null, true, 0.1, [a, b], {k: v}, '0'."""
-    text = yaml.safe_dump([value], default_flow_style=True, sort_keys=False, width=10**9)
+    text: str = yaml.safe_dump([value], default_flow_style=True, sort_keys=False, width=10**9)
     return text.strip()[1:-1]
 
 

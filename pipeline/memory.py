@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import psutil
 import torch
@@ -102,7 +102,7 @@ def peak_rss_bytes() -> int:
         match = re.search(r"VmHWM:\s+(\d+)\s+kB", PROC_STATUS.read_text())
     except OSError:
         match = None
-    current = psutil.Process().memory_info().rss
+    current: int = psutil.Process().memory_info().rss  # psutil is untyped here
     return max(int(match.group(1)) * 1024, current) if match else current
 
 
@@ -110,7 +110,7 @@ def gather_peaks(local: list[DevicePeak], ctx: DistContext) -> list[DevicePeak]:
     """Every rank's peaks, on every rank (all ranks must call it: it is a collective)."""
     if ctx.world_size == 1:
         return merge_peaks([local])
-    everyone: list = [None] * ctx.world_size
+    everyone: list[Any] = [None] * ctx.world_size  # all_gather_object fills it
     dist.all_gather_object(everyone, local)
     return merge_peaks(everyone)
 
@@ -190,7 +190,7 @@ def _phase_metrics(peaks: list[DevicePeak], prefix: str) -> dict[str, float]:
     return out
 
 
-def run_summary(epochs: list[dict[str, float]]) -> dict:
+def run_summary(epochs: list[dict[str, float]]) -> dict[str, Any]:
     """For summary.json, from each epoch's `epoch_metrics` (which a resumed run restores): each
     device's highest peaks over the epochs, and the imbalance of those, for the training steps
     (peak_memory_mib, peak_reserved_mib, mem_imbalance, gpu0_share) and for evaluation (the
@@ -215,7 +215,8 @@ def run_summary(epochs: list[dict[str, float]]) -> dict:
     kind = "gpu" if reserved[""] or reserved[EVAL] else "cpu"
     if not allocated[""]:  # epochs recorded before memory was measured (an old checkpoint)
         kind = "none"
-    out: dict = {"memory_kind": kind}  # "gpu": allocated by tensors; "cpu": peak RSS per process
+    # "gpu": allocated by tensors; "cpu": peak RSS per process
+    out: dict[str, Any] = {"memory_kind": kind}
     for prefix in ("",) if kind == "cpu" else ("", EVAL):
         values = list(allocated[prefix].values())
         out[f"{prefix}peak_memory_mib"] = {k: round(v, 1) for k, v in allocated[prefix].items()}

@@ -281,7 +281,11 @@ def speed_figures(history: list[EpochRow]) -> dict[str, Any]:
 
 
 def write_results(
-    out_dir: Path, state: dict, history: list[EpochRow], summary: RunSummary, config_yaml: str
+    out_dir: Path,
+    state: dict[str, Any],
+    history: list[EpochRow],
+    summary: RunSummary,
+    config_yaml: str,
 ) -> None:
     """Every file is written beside its final name and renamed into place."""
     import torch  # only the writer of model.pt needs it
@@ -389,6 +393,7 @@ def read_checkpoint_record(directory: Path) -> dict[str, Any] | None:
             f"{path}: corrupt checkpoint record ({problem}); delete {directory} to start over "
             f"(rm -r {directory})"
         )
+    assert isinstance(record, dict)  # _record_problem refuses anything else
     return record
 
 

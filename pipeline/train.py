@@ -47,7 +47,8 @@ def strategy_config(cfg: Config, strategy: str) -> str:
     for name in NAMES:
         if name != strategy:
             del data[name]
-    return yaml.safe_dump(data, sort_keys=False)
+    text: str = yaml.safe_dump(data, sort_keys=False)  # PyYAML is untyped here
+    return text
 
 
 @exit_on_user_error

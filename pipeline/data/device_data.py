@@ -35,7 +35,10 @@ class DeviceData:
 
 
 def to_device(
-    tensors: dict, device: torch.device, limit_train: int | None, limit_test: int | None
+    tensors: dict[str, torch.Tensor],
+    device: torch.device,
+    limit_train: int | None,
+    limit_test: int | None,
 ) -> DeviceData:
     def take(name: str, limit: int | None) -> torch.Tensor:
         t = tensors[name][:limit] if limit is not None else tensors[name]

@@ -15,6 +15,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from pipeline.config import DataConfig
 from pipeline.data.fashion_mnist import DATA_DIR, FILES, TENSORS
 from pipeline.data.idx import read_idx
 from pipeline.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import Tensor  # imported where used, as in fashion_mnist.py
 
 TIMEOUT_S = 60
 
@@ -74,7 +78,7 @@ def fetch_file(name: str, data: DataConfig, dest_dir: Path) -> Path:
     )
 
 
-def convert(raw_dir: Path) -> dict:
+def convert(raw_dir: Path) -> dict[str, Tensor]:
     """IDX files -> {split_images: uint8 [N,28,28], split_labels: uint8 [N]} as torch tensors."""
     import torch
 
@@ -94,7 +98,7 @@ def convert(raw_dir: Path) -> dict:
     return tensors
 
 
-def fetch(data: DataConfig, out_dir: Path = DATA_DIR) -> dict:
+def fetch(data: DataConfig, out_dir: Path = DATA_DIR) -> dict[str, Tensor]:
     """Download, verify, convert and atomically publish `out_dir`. Returns the tensors."""
     import torch
 

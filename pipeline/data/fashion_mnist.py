@@ -4,10 +4,13 @@ training loads what it wrote."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import FASHION_MNIST_MD5, FASHION_MNIST_MIRRORS
 from pipeline.errors import UserError, first_sentence
+
+if TYPE_CHECKING:
+    from torch import Tensor  # imported where used: the fetch command starts without it
 
 MIRRORS = FASHION_MNIST_MIRRORS  # the defaults of data.mirrors and data.md5
 MD5 = FASHION_MNIST_MD5
@@ -29,7 +32,7 @@ SAMPLE_SHAPES = {
 REFETCH = "run the fetch stage again (dvc repro fetch, or python -m pipeline.fetch)"
 
 
-def load_tensors(data_dir: Path = DATA_DIR, mmap: bool = False) -> dict:
+def load_tensors(data_dir: Path = DATA_DIR, mmap: bool = False) -> dict[str, Tensor]:
     """The fetch stage's tensors, checked: a damaged or foreign file is bad input naming the
     fix, on every rank alike (each reads the same file before any collective). `mmap`: the
     tensors' data is read only where it is used (the launcher reads the labels alone)."""
@@ -45,6 +48,7 @@ def load_tensors(data_dir: Path = DATA_DIR, mmap: bool = False) -> dict:
         problem = first_sentence(err)
     if problem is not None:
         raise UserError(f"{path}: corrupt ({problem}); {REFETCH}")
+    assert isinstance(tensors, dict)  # _tensors_problem refuses anything else
     return tensors
 
 

@@ -148,7 +148,7 @@ AUGMENT_NOTE = (
 )
 
 
-class PositionedSamples(torch.utils.data.Dataset):
+class PositionedSamples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """The training set read by (position in the epoch's order, sample index): the PIL image,
     padded, cropped and flipped as `plan` says for that position (none without a plan), then
     ToTensor + Normalize. torchvision's functional pad/crop/hflip are RandomCrop(28,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pipeline.reporting.table import BASELINE
+from pipeline.reporting.table import BASELINE, Row
 from pipeline.results import WARMUP_STANDS_IN
 from pipeline.tracking.comparison import RECOMMENDED, Registration
 
@@ -120,10 +120,10 @@ def accuracy_verdict(delta: Optional[float], noise: Optional[float]) -> str:
 class _Objective:
     key: str
     title: str
-    value: Callable[[dict], Optional[float]]
+    value: Callable[[Row], Optional[float]]
     shown: Callable[[float], str]  # as the report shows it: equal text = a tie
     lower_is_better: bool
-    describe: Callable[[dict, float], str]  # "ddp 12345 samples/s"
+    describe: Callable[[Row, float], str]  # "ddp 12345 samples/s"
     # the figure's epoch-to-epoch spread in a run (a row key): a difference within the larger
     # of two strategies' spreads is a tie; None: the precision rule alone
     spread: Optional[str] = None
@@ -135,23 +135,23 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def _peak(row: dict) -> Optional[float]:
+def _peak(row: Row) -> Optional[float]:
     peaks = row.get("peak_memory_mib") or {}
     return max(peaks.values()) if peaks else None
 
 
-def _busiest(row: dict) -> str:
+def _busiest(row: Row) -> str:
     peaks = row.get("peak_memory_mib") or {}
     return max(peaks, key=peaks.__getitem__) if peaks else "?"
 
 
-def _imbalance(row: dict) -> Optional[float]:
+def _imbalance(row: Row) -> Optional[float]:
     if len(row.get("peak_memory_mib") or {}) < 2:
         return None  # one device: nothing to balance
     return row.get("mem_imbalance")
 
 
-def _count(row: dict, device: str) -> str:
+def _count(row: Row, device: str) -> str:
     n = len(row.get("peak_memory_mib") or {})
     return f"{n} {device}{'es' if device == 'process' else 's'}" if n != 1 else f"1 {device}"
 
@@ -198,7 +198,7 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
     ]
 
 
-def _ties(objective: _Objective, best_row: dict, best: float, row: dict, value: float) -> bool:
+def _ties(objective: _Objective, best_row: Row, best: float, row: Row, value: float) -> bool:
     """Reads the same as the best, or (memory) lies within the larger measured spread."""
     if objective.shown(value) == objective.shown(best):
         return True
@@ -209,7 +209,7 @@ def _ties(objective: _Objective, best_row: dict, best: float, row: dict, value: 
     return bool(known) and abs(value - best) <= max(known)
 
 
-def _spread_reason(objective: _Objective, ranked: list[dict]) -> str:
+def _spread_reason(objective: _Objective, ranked: list[Row]) -> str:
     key = objective.spread or ""
     known = [(r["strategy"], r[key]) for r in ranked if r.get(key) is not None]
     if not known:
@@ -222,7 +222,7 @@ def _spread_reason(objective: _Objective, ranked: list[dict]) -> str:
     return f"epoch-to-epoch spread (a difference within it is a tie): {cells}"
 
 
-def _winner_reason(objective: str, row: dict, value: float, device: str) -> str:
+def _winner_reason(objective: str, row: Row, value: float, device: str) -> str:
     name = row["strategy"]
     if objective == "fastest_to_target":
         return f"{name}: reached it in {value:.1f} s of training (epoch {row['epoch_to_target']})"
@@ -260,7 +260,7 @@ def _ratio_reason(
 
 def _recommend(
     objective: _Objective,
-    rows: list[dict],
+    rows: list[Row],
     target: Optional[float],
     device: str,
     verdicts: Mapping[str, str],
@@ -345,7 +345,7 @@ def _recommend(
 # --- the answer ------------------------------------------------------------------------------
 
 
-def hardware(rows: list[dict]) -> str:
+def hardware(rows: list[Row]) -> str:
     """What the strategies ran on, in words: the GPUs (physical ids) they used, or the CPU."""
     if rows[0].get("memory_kind") == "gpu":
         gpus = sorted({d for r in rows for d in (r.get("peak_memory_mib") or {})})
@@ -355,7 +355,7 @@ def hardware(rows: list[dict]) -> str:
     return f"the CPU (up to {most} process{'es' if most != 1 else ''})"
 
 
-def _accuracy_line(row: dict, base: Optional[dict], noise: Optional[float]) -> str:
+def _accuracy_line(row: Row, base: Optional[Row], noise: Optional[float]) -> str:
     name = row["strategy"]
     if base is None:
         return f"{name} {row['test_acc']:.4f} ({accuracy_verdict(None, noise)})"
@@ -387,7 +387,7 @@ def _noise_text(spreads: Mapping[str, Optional[float]], seeds: Mapping[str, int]
 
 
 def _notes_claim(
-    rows: list[dict], noise: Mapping[str, Optional[float]]
+    rows: list[Row], noise: Mapping[str, Optional[float]]
 ) -> tuple[str, dict[str, Any]]:
     c = NOTES_CLAIM
     claim = (
@@ -408,7 +408,7 @@ def _notes_claim(
     delta = dp["test_acc"] - single["test_acc"]
     kind = "GPU" if single.get("memory_kind") == "gpu" else "CPU device"
 
-    def count(row: dict) -> str:
+    def count(row: Row) -> str:
         n = row["n_devices"]
         return f"{n} {kind}{'s' if n != 1 else ''} ({', '.join(row['devices'])})"
 
@@ -434,7 +434,7 @@ def _notes_claim(
 
 
 def recommend(
-    rows: list[dict],
+    rows: list[Row],
     target: Optional[float],
     seeds: Optional[Mapping[str, Optional[Mapping[str, float]]]] = None,
 ) -> Answer:

@@ -26,6 +26,7 @@ from pipeline.files import atomic_write
 from pipeline.reporting import answer, table
 from pipeline.reporting.pages import html_page, markdown_page
 from pipeline.reporting.plots import PLOTS, write_plots
+from pipeline.reporting.table import Row
 from pipeline.results import read_history, read_summary
 from pipeline.strategies import NAMES, check_names
 from pipeline.tracking.comparison import (
@@ -129,7 +130,7 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
 
 
 def register(
-    answered: answer.Answer, rows: list[dict], experiment: str, reachable: bool
+    answered: answer.Answer, rows: list[Row], experiment: str, reachable: bool
 ) -> Registration | None:
     """The recommended strategies' logged models as versions of the registered model named
     after the MLflow experiment: the choice (the throughput pick, else the first objective's)
@@ -162,11 +163,11 @@ def register(
     return replace(versions[strategy], aliases=aliases)
 
 
-def child_metrics(row: dict) -> dict[str, float]:
+def child_metrics(row: Row) -> dict[str, float]:
     return {k: row[k] for k in CHILD_METRICS if row[k] is not None}
 
 
-def child_tags(row: dict) -> dict[str, str]:
+def child_tags(row: Row) -> dict[str, str]:
     """Why a run's speed figures are missing from its metrics, or include warm-up (MLflow
     has no empty metric to say it with)."""
     return {"speed_note": row["speed_note"]} if row["speed_note"] else {}

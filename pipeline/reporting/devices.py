@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.reporting.table import html_rows, markdown
+from pipeline.reporting.table import Row, html_rows, markdown
 
 
 def headers(memory_kind: str) -> list[str]:
@@ -33,7 +33,7 @@ def _mib(figures: Any, label: str) -> str:
     return "n/a" if value is None else f"{value:.0f}"
 
 
-def cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+def cells(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
     """The strategy's name and its imbalance on its first device's row only."""
     head = headers(rows[0]["memory_kind"])
     gpu = rows[0]["memory_kind"] == "gpu"
@@ -56,9 +56,9 @@ def cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[Row]) -> str:
     return markdown(*cells(rows))
 
 
-def html_table(rows: list[dict]) -> str:
+def html_table(rows: list[Row]) -> str:
     return html_rows(*cells(rows), css="devices")

@@ -18,6 +18,7 @@ from typing import Any
 from pipeline.errors import UserError
 
 OUT = Path("reports/experiments.md")
+Json = dict[str, Any]  # an object of `dvc exp show --json`, or a row of the table built from it
 # always shown, for context; any other param whose value differs between rows is added
 BASE_PARAMS = ("train.batch_size", "train.lr", "train.epochs")
 METRICS = (  # (key in results/<strategy>/metrics.json, column, format): all of its keys
@@ -30,7 +31,7 @@ METRICS = (  # (key in results/<strategy>/metrics.json, column, format): all of 
 )
 
 
-def revisions(shown: list[dict]) -> Iterator[tuple[str, str, dict]]:
+def revisions(shown: list[Json]) -> Iterator[tuple[str, str, Json]]:
     """(name, state, data) of the workspace, each baseline commit and each experiment."""
     for baseline in shown:
         name = (
@@ -45,7 +46,7 @@ def revisions(shown: list[dict]) -> Iterator[tuple[str, str, dict]]:
             yield exp.get("name") or latest["rev"][:7], state, latest.get("data") or {}
 
 
-def flat_params(data: dict) -> dict[str, Any]:
+def flat_params(data: Json) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -60,7 +61,7 @@ def flat_params(data: dict) -> dict[str, Any]:
     return out
 
 
-def strategy_metrics(data: dict) -> dict[str, dict]:
+def strategy_metrics(data: Json) -> dict[str, Json]:
     """strategy -> its metrics.json, for the files present in this revision."""
     out = {}
     for path, entry in (data.get("metrics") or {}).items():
@@ -75,7 +76,7 @@ def strategy_metrics(data: dict) -> dict[str, dict]:
     return out
 
 
-def build_rows(shown: list[dict]) -> tuple[list[dict], list[str], list[str]]:
+def build_rows(shown: list[Json]) -> tuple[list[Json], list[str], list[str]]:
     """Rows (experiment, strategy, params, metrics), the param columns, and notes on the
     revisions that have no metrics."""
     rows: list[dict[str, Any]] = []
@@ -110,7 +111,7 @@ def _cell(value: Any, fmt: str = "{}") -> str:
         return str(value)
 
 
-def markdown(rows: list[dict], columns: list[str], without: list[str]) -> str:
+def markdown(rows: list[Json], columns: list[str], without: list[str]) -> str:
     head = ["experiment", "strategy", *columns, *(c for _, c, _ in METRICS)]
     lines = [
         "# Experiments",
@@ -138,7 +139,7 @@ def markdown(rows: list[dict], columns: list[str], without: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def exp_show() -> list[dict]:
+def exp_show() -> list[Json]:
     proc = subprocess.run(
         [sys.executable, "-m", "dvc", "exp", "show", "--json"], capture_output=True, text=True
     )
@@ -147,4 +148,5 @@ def exp_show() -> list[dict]:
         raise UserError(
             f"dvc exp show --json failed ({last}); expected to run in the project's DVC repository"
         )
-    return json.loads(proc.stdout)
+    shown: list[Json] = json.loads(proc.stdout)  # a list of revisions (dvc 3.67)
+    return shown

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.reporting import answer, devices, table
 from pipeline.reporting.plots import PLOTS
+from pipeline.reporting.table import Row
 from pipeline.results import NOT_SEPARABLE
 from pipeline.tracking.comparison import Comparison, Registration
 
@@ -21,7 +22,7 @@ UNREACHABLE = "not grouped in MLflow: it was unreachable (`python -m pipeline.co
 
 
 def markdown_page(
-    rows: list[dict],
+    rows: list[Row],
     target: float | None,
     mlflow: Comparison | None,
     answered: answer.Answer,
@@ -50,7 +51,7 @@ def markdown_page(
 
 
 def html_page(
-    rows: list[dict],
+    rows: list[Row],
     target: float | None,
     mlflow: Comparison | None,
     directory: Path,
@@ -111,7 +112,7 @@ section.answer code {{ background: #e8eef6; padding: 0 3px; border-radius: 3px; 
 """
 
 
-def _legend(rows: list[dict], target: float | None) -> str:
+def _legend(rows: list[Row], target: float | None) -> str:
     where = "GPU (physical id)" if rows[0]["memory_kind"] == "gpu" else "process (rank), RSS"
     return (
         f"Steady s/epoch is the median over the epochs not marked warm-up (the first "
@@ -127,7 +128,7 @@ def _legend(rows: list[dict], target: float | None) -> str:
     )
 
 
-def _memory_legend(rows: list[dict]) -> str:
+def _memory_legend(rows: list[Row]) -> str:
     memory = (
         "peak memory allocated by tensors (reserved: held by the caching allocator) per GPU "
         "(physical id), highest epoch"

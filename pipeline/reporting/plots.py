@@ -10,10 +10,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and in DVC stages
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.files import atomic_write  # noqa: E402
-from pipeline.reporting.table import BASELINE  # noqa: E402
+from pipeline.reporting.table import BASELINE, Row  # noqa: E402
 from pipeline.results import WARMUP_STANDS_IN, EpochRow  # noqa: E402
 from pipeline.strategies import NAMES  # noqa: E402
 
@@ -23,7 +24,7 @@ DEVICE0_COLOUR, OTHER_COLOUR = "#222222", "#8fb3de"
 
 
 def write_plots(
-    rows: list[dict], histories: dict[str, list[EpochRow]], target: float | None, directory: Path
+    rows: list[Row], histories: dict[str, list[EpochRow]], target: float | None, directory: Path
 ) -> None:
     """The four PNGs of PLOTS into `directory`."""
     plot_accuracy(histories, "epoch", "Epoch", target, directory / PLOTS[0])
@@ -72,7 +73,7 @@ def plot_accuracy(
     save(fig, path)
 
 
-def plot_throughput(rows: list[dict], path: Path) -> None:
+def plot_throughput(rows: list[Row], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     names = [r["strategy"] for r in rows]
     colour = colours(names)
@@ -98,7 +99,7 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
     save(fig, path)
 
 
-def _bar_label(row: dict) -> str:
+def _bar_label(row: Row) -> str:
     if row["steady_samples_per_s"] is None:
         return "no steady epoch"
     up = row["speedup_vs_single"]
@@ -108,7 +109,7 @@ def _bar_label(row: dict) -> str:
     return ", ".join(parts)
 
 
-def plot_memory(rows: list[dict], path: Path) -> None:
+def plot_memory(rows: list[Row], path: Path) -> None:
     """Grouped bars, one group per strategy, one bar per device in device order; device 0
     in its own colour, so DataParallel's heavier GPU 0 stands out. The training steps' peaks
     (evaluation's are in the table)."""
@@ -155,12 +156,12 @@ def plot_memory(rows: list[dict], path: Path) -> None:
         else "Per-process peak memory, training steps (CPU run: resident set size)",
     )
     handles = [
-        plt.Rectangle((0, 0), 1, 1, color=DEVICE0_COLOUR),
-        plt.Rectangle((0, 0), 1, 1, color=OTHER_COLOUR),
+        Rectangle((0, 0), 1, 1, color=DEVICE0_COLOUR),
+        Rectangle((0, 0), 1, 1, color=OTHER_COLOUR),
     ]
     labels = ["device 0" if gpu else "rank 0", "other devices" if gpu else "other ranks"]
     if gpu:
-        handles.append(plt.Rectangle((0, 0), 1, 1, fill=False, edgecolor="grey"))
+        handles.append(Rectangle((0, 0), 1, 1, fill=False, edgecolor="grey"))
         labels.append("reserved (caching allocator)")
     ax.legend(
         handles,

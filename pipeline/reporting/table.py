@@ -22,6 +22,8 @@ from typing import Any, Optional
 from pipeline.results import WARMUP_STANDS_IN, EpochRow, RunSummary
 
 BASELINE = "single"
+Row = dict[str, Any]  # one strategy's row: its summary.json figures and the cross-strategy ones
+Cell = Callable[[Any, Row], str]  # (the row's value under the column's key, the row) -> text
 # how a speed cell says it has no figure, and that it is taken over warm-up epochs: in the
 # report, and in the printed table (which a footnote explains)
 SPELLED, TERSE = ("none (see notes)", " (warm-up)"), ("none", "*")
@@ -95,11 +97,11 @@ def comparison_rows(
     return rows
 
 
-def _num(spec: str, suffix: str = "") -> Callable:
+def _num(spec: str, suffix: str = "") -> Cell:
     return lambda v, row: "n/a" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> Callable:
+def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> Cell:
     """A speed cell: empty where the run has no honest figure, pointing at the notes that say
     why; a steady figure taken over warm-up epochs is marked so (`marks`: the two words)."""
     empty, warm = marks
@@ -140,7 +142,7 @@ def _busiest_cell(v: Any, row: dict[str, Any]) -> str:
     return "n/a" if top is None else f"{top[1]:.0f} ({top[0]})"
 
 
-def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Callable]]:
+def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Cell]]:
     """(row key, header, cell text) for every column of the main table: one row per strategy,
     a bounded number of columns whatever the devices (each device's memory is the per-device
     table's, reporting/devices.py)."""
@@ -165,12 +167,12 @@ def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, C
     ]
 
 
-def table_cells(rows: list[dict], target: Optional[float]) -> tuple[list[str], list[list[str]]]:
+def table_cells(rows: list[Row], target: Optional[float]) -> tuple[list[str], list[list[str]]]:
     cols = columns(target, rows[0]["memory_kind"])
     return [h for _, h, _ in cols], [[fmt(row[k], row) for k, _, fmt in cols] for row in rows]
 
 
-def markdown_table(rows: list[dict], target: Optional[float]) -> str:
+def markdown_table(rows: list[Row], target: Optional[float]) -> str:
     return markdown(*table_cells(rows, target))
 
 
@@ -180,7 +182,7 @@ def markdown(head: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def html_table(rows: list[dict], target: Optional[float]) -> str:
+def html_table(rows: list[Row], target: Optional[float]) -> str:
     return html_rows(*table_cells(rows, target), css="main")
 
 
@@ -203,12 +205,12 @@ def html_rows(head: list[str], body: list[list[str]], css: str) -> str:
 TEXT_WIDTH = 120
 
 
-def text_table(rows: list[dict], target: Optional[float]) -> str:
+def text_table(rows: list[Row], target: Optional[float]) -> str:
     """Fixed columns, none of them per device, so the width stays bounded: about 105
     characters for 8 GPUs on 2 nodes (tests/unit/test_report_fits.py checks it)."""
     reach = "to target" if target is None else f"to acc {target:g}"
     marked = _speed(".2f", marks=TERSE), _speed(".0f", marks=TERSE)
-    cols: list[tuple[str, str, Callable]] = [
+    cols: list[tuple[str, str, Cell]] = [
         ("strategy", "strategy", lambda v, row: v),
         ("n_devices", "devices", lambda v, row: f"{v} ({row['world_size']})"),
         ("steady_epoch_s", "s/epoch", marked[0]),
@@ -228,7 +230,7 @@ def text_table(rows: list[dict], target: Optional[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_json(rows: list[dict]) -> dict:
+def summary_json(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """reports/summary.json, the compare stage's DVC metrics: final test accuracy ("acc") and
     steady samples/s ("sps") keyed by strategy. Short keys that no other metrics or params
     file has, so `dvc exp show` heads its columns "acc.ddp" (README "Changing parameters":
@@ -240,7 +242,7 @@ def summary_json(rows: list[dict]) -> dict:
     }
 
 
-def comparison_json(rows: list[dict]) -> dict:
+def comparison_json(rows: list[Row]) -> dict[str, Row]:
     """reports/comparison.json (a plain output): every column of every row, keyed by
     strategy, for tools."""
     skip = {"strategy", "notes"}

@@ -65,6 +65,7 @@ def gpu0_per_forward(options: BalancedDpConfig, plan: BatchPlan) -> Optional[int
     gpu0_bsz, batch, accum = options.gpu0_bsz, plan.batch_size, plan.grad_accum
     if gpu0_bsz is None or gpu0_bsz == gpu0_autotune.AUTO:
         return None
+    assert isinstance(gpu0_bsz, int)  # the schema's other values: null, auto
     if gpu0_bsz > batch:
         raise UserError(
             f"balanced_dp.gpu0_bsz: got {gpu0_bsz}, expected at most "
@@ -213,11 +214,11 @@ def first_tensor(obj: Any) -> Optional[torch.Tensor]:
 
 
 def split_inputs(
-    inputs: tuple,
-    kwargs: dict,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any],
     n_chunks: int,
     split_tensor: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-) -> tuple[list[tuple], list[dict]]:
+) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
     """Per-device positional and keyword inputs, one of each per chunk.
 
     Like DataParallel's scatter, but every tensor is cut by `split_tensor` (so into the given
@@ -227,7 +228,7 @@ def split_inputs(
     `t.split(sizes)` on CPU tensors, which checks everything here but the copies.
     """
 
-    def split(obj: Any) -> list:
+    def split(obj: Any) -> list[Any]:
         if isinstance(obj, torch.Tensor):
             return list(split_tensor(obj))
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple

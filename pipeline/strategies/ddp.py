@@ -51,7 +51,7 @@ def parallelize(
     # broadcast_buffers=False, pointless work saved under SyncBN, warns as deprecated.
     ddp = DDP(model, device_ids=device_ids)
 
-    def reduce_grads_if(is_last: bool) -> AbstractContextManager:
+    def reduce_grads_if(is_last: bool) -> AbstractContextManager[None]:
         return nullcontext() if is_last else ddp.no_sync()
 
     note = None if options.sync_bn else unsynced_note("ddp", plan.per_rank, plan.data_world)

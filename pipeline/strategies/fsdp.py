@@ -29,6 +29,7 @@ from pipeline.context import DistContext
 from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
+    StateDict,
     StrategyFacts,
     StrategySpec,
     gpu_count_or_nproc,
@@ -92,7 +93,7 @@ def parallelize(
         sharded.set_requires_gradient_sync(is_last)
         yield
 
-    def full_state_dict() -> dict:
+    def full_state_dict() -> StateDict:
         # full_tensor() all-gathers each sharded parameter: every rank must take part
         return {
             k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()

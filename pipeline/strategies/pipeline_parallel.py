@@ -48,7 +48,13 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.strategies.base import Autocast, PipelinedRun, StrategyFacts, StrategySpec
+from pipeline.strategies.base import (
+    Autocast,
+    PipelinedRun,
+    StateDict,
+    StrategyFacts,
+    StrategySpec,
+)
 
 FACTS = StrategyFacts(
     name="pipeline_parallel",
@@ -187,9 +193,10 @@ def parallelize(
         inputs = (x,) if stage.is_first else ()
         target = y if stage.is_last else None
         run = schedule.step if training else schedule.eval
-        return run(*inputs, target=target)
+        logits: Optional[torch.Tensor] = run(*inputs, target=target)  # untyped in torch
+        return logits
 
-    def full_state_dict() -> dict:
+    def full_state_dict() -> StateDict:
         mine = {k: v.detach().cpu() for k, v in blocks.state_dict().items()}
         parts: list[Any] | None = [None] * stages if stage.is_last else None
         dist.gather_object(mine, parts, dst=stages - 1)  # a collective: every stage sends
@@ -233,8 +240,10 @@ def looped(
 
     def pipeline_step(x: torch.Tensor, y: torch.Tensor, training: bool) -> Optional[torch.Tensor]:
         if training:
-            return schedule.step(x, target=y)
-        return model(x)  # the stages one after the other: what the schedule would compute
+            logits: Optional[torch.Tensor] = schedule.step(x, target=y)  # untyped in torch
+            return logits
+        out: torch.Tensor = model(x)  # the stages one after the other, as the schedule would
+        return out
 
     where = f"1 {'GPU' if ctx.on_cuda else 'process'}"
     notes.append(

@@ -40,7 +40,7 @@ def keep_autocast(replicas: Sequence[nn.Module], device_type: str = "cuda") -> l
     return [InAutocast(replica, device_type, dtype, enabled) for replica in replicas]
 
 
-class AutocastDataParallel(nn.DataParallel):
+class AutocastDataParallel(nn.DataParallel[nn.Module]):
     """nn.DataParallel whose replicas compute in the caller's autocast dtype."""
 
     def parallel_apply(

@@ -32,7 +32,8 @@ class _AllReduceSum(torch.autograd.Function):
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    return _AllReduceSum.apply(x)
+    summed: torch.Tensor = _AllReduceSum.apply(x)  # autograd.Function.apply is untyped
+    return summed
 
 
 class GlooSyncBatchNorm(nn.BatchNorm2d):

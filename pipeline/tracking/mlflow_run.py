@@ -141,7 +141,8 @@ class Tracker:
 
     @property
     def run_id(self) -> str | None:
-        return self.record["run_id"]
+        run_id: str | None = self.record["run_id"]  # RECORD_TYPES: a string or null
+        return run_id
 
     def _write(self) -> None:
         write_record(self.record_path, self.record)
@@ -292,6 +293,7 @@ def read_record(path: Path) -> dict[str, Any]:
             f"{path}: corrupt MLflow run record ({problem}); delete it (rm {path}) and run "
             "the train stage again: the run's epochs go to a new MLflow run"
         )
+    assert isinstance(record, dict)  # _record_problem refuses anything else
     return record
 
 

@@ -39,7 +39,8 @@ def nvidia_driver() -> Optional[str]:
 
     pynvml.nvmlInit()
     try:
-        return pynvml.nvmlSystemGetDriverVersion()
+        version: str = pynvml.nvmlSystemGetDriverVersion()  # pynvml is untyped
+        return version
     finally:
         pynvml.nvmlShutdown()
 

@@ -123,8 +123,8 @@ def experiment_id(client: Any, name: str) -> str:
         if found.tags.get("mlflow.experimentKind") is None:
             for key, value in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(found.experiment_id, key, value)
-        return found.experiment_id
-    return client.create_experiment(name, tags=EXPERIMENT_KIND)
+        return str(found.experiment_id)
+    return str(client.create_experiment(name, tags=EXPERIMENT_KIND))
 
 
 def ui_url() -> str:

@@ -20,6 +20,7 @@ from pipeline.data.fashion_mnist import DATA_DIR
 from pipeline.data.loaders import Batches, make_batches
 from pipeline.strategies.base import (
     DataParallelRun,
+    Forward,
     LoopForward,
     PipelinedRun,
     Run,
@@ -47,7 +48,7 @@ class Training:
     plan: BatchPlan  # the batch over this job's data-parallel ranks
     # a DataParallelRun's forward as the loop calls it (compiled when train.compile); None for
     # a pipeline, whose schedule runs its own stages
-    forward: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    forward: Optional[Forward]
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
     # how `forward` was made, for a run's setting measured before training (tuning.py)
     loop: LoopForward
@@ -80,10 +81,10 @@ def build_training(
     pipelined = isinstance(run, PipelinedRun)
     train = cfg.train
 
-    def prepare(module_forward: Optional[Callable]) -> tuple[Optional[Callable], list[str]]:
+    def prepare(module_forward: Optional[Forward]) -> tuple[Optional[Forward], list[str]]:
         return compile_forward(module_forward, train.compile, train.compile_mode, facts.cuda_graphs)
 
-    def as_the_loop_runs(module_forward: Callable) -> Callable:
+    def as_the_loop_runs(module_forward: Forward) -> Forward:
         compiled, _ = prepare(module_forward)
         assert compiled is not None  # only a missing forward stays missing
         return compiled

@@ -101,7 +101,7 @@ def _cpu(value: Any) -> Any:
     return value
 
 
-def sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The model's and optimizer's state as DCP saves it: live tensors (DTensor shards where
     sharded), under the plain model's names. Collective where the module is sharded.
 
@@ -137,7 +137,7 @@ def load_sharded(
         set_optimizer_state_dict(module, optimizer, state[OPTIMIZER], options=OPTIONS)
 
 
-def _check_model(model: dict, saved: dict, where: Path) -> None:
+def _check_model(model: dict[str, Any], saved: dict[str, Any], where: Path) -> None:
     """Refuse, in one line, a checkpoint of another model before DCP reads it (its own
     errors arrive wrapped in a CheckpointException of every rank's tracebacks)."""
     missing = sorted(key for key in model if f"{MODEL}.{key}" not in saved)
@@ -170,7 +170,7 @@ class Checkpointer:
     def record_path(self) -> Path:
         return self.directory / CHECKPOINT_RECORD
 
-    def _committed(self) -> dict | None:
+    def _committed(self) -> dict[str, Any] | None:
         found = self.latest(any_config=True)
         return None if found is None else found[1]
 
@@ -178,7 +178,8 @@ class Checkpointer:
         """The directory of the checkpoint at `pos`: the committed one's, if it is at `pos`."""
         record = self._committed()
         if record is not None and (record["epoch"], record["step"]) == (pos.epoch, pos.step):
-            return self.directory / record.get("directory", STEP_DIR.format(**record))
+            name: str = record.get("directory", STEP_DIR.format(**record))
+            return self.directory / name
         return self.directory / STEP_DIR.format(epoch=pos.epoch, step=pos.step)
 
     def _new_step_dir(self, pos: Position) -> Path:
@@ -189,7 +190,7 @@ class Checkpointer:
             name += "-1"
         return self.directory / name
 
-    def latest(self, any_config: bool = False) -> tuple[Position, dict] | None:
+    def latest(self, any_config: bool = False) -> tuple[Position, dict[str, Any]] | None:
         """The committed position and record, if a checkpoint of this configuration (or, with
         any_config, of any configuration) exists."""
         record = read_checkpoint_record(self.directory)
@@ -199,7 +200,7 @@ class Checkpointer:
             return None
         return Position(record["epoch"], record["step"]), record
 
-    def other_run(self) -> dict | None:
+    def other_run(self) -> dict[str, Any] | None:
         """The committed record when it belongs to another run (another identity)."""
         found = self.latest(any_config=True)
         return None if found is None or found[1].get("fingerprint") == self.key else found[1]
@@ -226,7 +227,7 @@ class Checkpointer:
         """How many processes wrote the committed checkpoint."""
         return int((self._committed() or {}).get("world_size", self.world_size))
 
-    def load(self, pos: Position, rank: int | None = None) -> dict:
+    def load(self, pos: Position, rank: int | None = None) -> dict[str, Any]:
         """A rank's own state (RNG, partial totals, scaler) of the checkpoint at `pos`: this
         rank's, or, where the checkpoint was saved by fewer processes, rank 0's."""
         step_dir = self.step_dir(pos)
@@ -257,10 +258,10 @@ class Checkpointer:
     def save(
         self,
         pos: Position,
-        state: dict,
-        record: dict,
+        state: dict[str, Any],
+        record: dict[str, Any],
         on_written: Callable[[], None] | None = None,
-        sharded: dict | None = None,
+        sharded: dict[str, Any] | None = None,
     ) -> None:
         """Collective: every rank calls it at the same position. `state`: this rank's own
         (plain tensors and numbers); `sharded`: what DCP saves (see `sharded_state`)."""
@@ -307,14 +308,14 @@ class Checkpointer:
                 path.unlink(missing_ok=True)
 
 
-def rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device) -> dict[str, Any]:
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict, device: torch.device) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)

@@ -45,6 +45,7 @@ def read_rank_state(path: Path, directory: Path, record_path: Path) -> dict[str,
     problem = _rank_state_problem(state)
     if problem is not None:
         raise UserError(f"{path}: corrupt ({problem}); {start_over(directory)}")
+    assert isinstance(state, dict)  # _rank_state_problem refuses anything else
     return state
 
 

@@ -85,7 +85,8 @@ class RunIdentity:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_record(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self), default=str))
+        record: dict[str, Any] = json.loads(json.dumps(asdict(self), default=str))
+        return record
 
     def difference(self, record: dict[str, Any] | None) -> str:
         """Why a checkpoint with this recorded identity is not this run's, in a few words."""
@@ -128,7 +129,7 @@ class RunIdentity:
         return "its identity differs"
 
 
-def _changed(old: dict, new: dict) -> list[str]:
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 

@@ -22,6 +22,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
@@ -209,7 +210,9 @@ def settle_run(name: str, status: str, log_model: bool, user_error: bool = False
         )
 
 
-def run_agent(settings: dict, start_method: str, args: tuple) -> tuple[int, bool, str]:
+def run_agent(
+    settings: dict[str, Any], start_method: str, args: tuple[Any, ...]
+) -> tuple[int, bool, str]:
     """Run torchrun's elastic agent in this process: it rendezvouses, starts the workers
     (`worker.entry(*args)`), restarts them after a failure (`checkpoint.max_restarts`) and,
     on SIGTERM/SIGINT, passes the signal on and waits for them (30 s, then SIGKILL). Forked,

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import TrainConfig
+from pipeline.strategies.base import Forward
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 RECOMPILE_LIMIT = 64  # graphs per function: 8 residual blocks x train/eval, with room
@@ -49,7 +50,7 @@ class Precision:
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
     notes: list[str] = field(default_factory=list)
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> ContextManager[object]:
         if self.autocast_dtype is None:
             return nullcontext()
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
@@ -219,8 +220,8 @@ def configure_backends(precision: Precision, device: torch.device) -> None:
 
 
 def compile_forward(
-    forward: Optional[Callable], enabled: bool, mode: str = "default", cuda_graphs: bool = True
-) -> tuple[Optional[Callable], list[str]]:
+    forward: Optional[Forward], enabled: bool, mode: str = "default", cuda_graphs: bool = True
+) -> tuple[Optional[Forward], list[str]]:
     """torch.compile the strategy's forward (the DDP/FSDP-wrapped module where there is one,
     which is how both are meant to be compiled). The strategy keeps its uncompiled module for
     parameters and state_dict, so checkpoints and results keep their keys. Shapes are fixed

@@ -145,7 +145,7 @@ class RunRecorder:
         """An error: whatever epochs finished still reach MLflow."""
         self.tracker.publish(self.history, status=FAILED)
 
-    def finish(self, state: dict, stopping: Callable[[], bool]) -> RunSummary:
+    def finish(self, state: dict[str, Any], stopping: Callable[[], bool]) -> RunSummary:
         """results/<strategy>/ from the full model's `state`, the run's final MLflow push;
         `stopping` says a SIGTERM arrived: the push then makes one attempt, no wait."""
         summary = self.summary()

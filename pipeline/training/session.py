@@ -35,14 +35,9 @@ from pipeline.training.faults import Fault, fault_from_env
 from pipeline.training.hardware import run_hardware
 from pipeline.training.identity import run_identity
 from pipeline.training.live import LiveProgress, LiveSettings
-from pipeline.training.loop import (
-    StopRequest,
-    evaluate,
-    reduce_totals,
-    train_epoch,
-    wait_for_device,
-)
+from pipeline.training.loop import evaluate, reduce_totals, train_epoch, wait_for_device
 from pipeline.training.recorder import RunRecorder, writer_log
+from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
 

@@ -96,4 +96,4 @@ class StopRequest:
         stop, slowest = vote.tolist()
         self.last_vote = (now, boundary)
         self.next_vote = boundary + steps_to_next_vote(slowest)
-        return stop > 0
+        return bool(stop > 0)
