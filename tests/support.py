@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import yaml
 
 from pipeline.data.synthetic import write_synthetic
@@ -38,6 +39,21 @@ PROJECT_FILES = [
     "pyproject.toml",
     "stage_code",  # links (pipeline/stage_code.py): copied as links, so edits reach DVC
 ]
+
+
+def run_if(*, min_gpus: int) -> pytest.MarkDecorator:
+    """lightning-hydra-template's RunIf: the test runs where the machine has what it needs,
+    and elsewhere skips saying what is missing, so `make test` on a GPU host runs the CUDA
+    tests too. GPUs are counted as the launcher counts them (NVML: no CUDA is initialised in
+    the test process, which may later fork)."""
+    from pipeline.training.devices import visible_gpu_count
+
+    found = visible_gpu_count()
+    return pytest.mark.skipif(
+        found < min_gpus,
+        reason=f"needs {min_gpus} CUDA device(s); "
+        + ("no CUDA device here" if found == 0 else f"{found} here"),
+    )
 
 
 def code_deps(deps: list[str], item: str | None = None) -> set[str]:
