@@ -1,7 +1,13 @@
 # parallel-lab: one entry point. `make` alone lists the targets.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# The venv's commands (dvc, mlflow) come first; abspath, so that an absolute VENV works too.
+VENV_BIN := $(abspath $(VENV))/bin
+# PATH without the venv, taken before the export below (an activated venv's entry dropped too):
+# where gpu-check's fallback finds the machine's own python3, since on the exported PATH
+# python3 is the venv's, which may be half made and lack torch.
+OUTSIDE_VENV_PATH := $(subst $(VENV_BIN):,,$(PATH))
+export PATH := $(VENV_BIN):$(PATH)
 
 .PHONY: help install quick run test test-fast lint gpu-check docker-quick ui lock docker-setup clean
 .DEFAULT_GOAL := help
@@ -94,20 +100,23 @@ lint: install  ## ruff (lint and format check) and mypy over the package and the
 
 # gpu-check runs where GPU time is short and there may be no network: with the pinned
 # environment when it installs (one quick try), else with the machine's own python3 and torch
-# (the JSON records which), plus wheels carried in WHEELS for what that python lacks.
+# (the JSON records which; python3 as found outside the venv), plus wheels carried in WHEELS
+# for what that python lacks.
 # (through SUBMAKE: a recipe naming $(MAKE) itself would run even under `make -n`)
 SUBMAKE = $(MAKE) --no-print-directory
 DEVICE ?= cuda
 WHEELS ?=
-gpu-check:  ## prove and time every strategy on one GPU in minutes; JSON in benchmarks/results (DEVICE=cpu: tiny)
+gpu-check:  ## prove and time every strategy on one GPU in minutes; JSON in benchmarks/results (DEVICE=cpu: tiny; WHEELS=dir)
 	@if PIP_RETRIES=0 PIP_TIMEOUT=10 $(SUBMAKE) install >/dev/null 2>&1; then \
 		py=$(PY); \
 	else \
+		py=$$(PATH='$(OUTSIDE_VENV_PATH)'; command -v python3) || { \
+			echo "gpu-check: the pinned environment does not install here, and there is no" \
+				"python3 outside $(VENV)" >&2; exit 2; }; \
 		echo "gpu-check: the pinned environment does not install here (make install says why);" \
-			"using python3 and its own torch" >&2; \
-		py=python3; \
+			"using $$py and its own torch" >&2; \
 		if [ -n "$(WHEELS)" ]; then \
-			python3 -m pip install -q --no-index --no-deps --upgrade --target .gpu-site \
+			$$py -m pip install -q --no-index --no-deps --upgrade --target .gpu-site \
 				$(WHEELS)/*.whl || exit 2; \
 			export PYTHONPATH=$(CURDIR)/.gpu-site; \
 		fi; \
