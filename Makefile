@@ -9,7 +9,7 @@ VENV_BIN := $(abspath $(VENV))/bin
 OUTSIDE_VENV_PATH := $(subst $(VENV_BIN):,,$(PATH))
 export PATH := $(VENV_BIN):$(PATH)
 
-.PHONY: help install quick run test test-fast lint gpu-check docker-quick ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint gpu-check gpu-wheels need-DIR docker-quick ui lock docker-setup clean
 .DEFAULT_GOAL := help
 
 help:  ## this list
@@ -101,7 +101,7 @@ lint: install  ## ruff (lint and format check) and mypy over the package and the
 # gpu-check runs where GPU time is short and there may be no network: with the pinned
 # environment when it installs (one quick try), else with the machine's own python3 and torch
 # (the JSON records which; python3 as found outside the venv), plus wheels carried in WHEELS
-# for what that python lacks.
+# for what that python lacks (make gpu-wheels fetches them).
 # (through SUBMAKE: a recipe naming $(MAKE) itself would run even under `make -n`)
 SUBMAKE = $(MAKE) --no-print-directory
 DEVICE ?= cuda
@@ -122,6 +122,16 @@ gpu-check:  ## prove and time every strategy on one GPU in minutes; JSON in benc
 		fi; \
 	fi; \
 	$$py -m benchmarks.gpu_check --device $(DEVICE)
+
+# The WHEELS for gpu-check on a machine without network (python3 3.12 with its own CUDA torch):
+# what gpu-check imports beyond that, at the lock's pins (benchmarks/gpu_wheels.py says which
+# and why). Run where PyPI is reachable, then carry DIR over. DIR is checked before the install.
+DIR ?=
+gpu-wheels: $(if $(DIR),install,need-DIR)  ## download into DIR the wheels gpu-check needs on a GPU machine without network
+	$(PY) -m benchmarks.gpu_wheels --download $(DIR)
+
+need-DIR:
+	@echo "error: make gpu-wheels DIR=<directory>: where to put the wheels" >&2; exit 2
 
 ui: install  ## MLflow UI on the embedded store: http://127.0.0.1:5000
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000

@@ -98,6 +98,19 @@ def test_gpu_check_falls_back_to_the_machines_python3_not_the_half_made_venvs(tm
     assert f"using {machine}/python3 and its own torch" in proc.stderr
 
 
+def test_gpu_wheels_downloads_into_DIR_and_without_it_says_so_before_any_install(tmp_path):
+    proc = make("-n", "gpu-wheels", "DIR=/carry/wheels", "VENV=.venv")
+    assert proc.stdout.splitlines()[-1] == (
+        ".venv/bin/python -m benchmarks.gpu_wheels --download /carry/wheels"
+    )
+    venv = tmp_path / "venv"
+    proc = make("gpu-wheels", f"VENV={venv}")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
+    assert errors == ["error: make gpu-wheels DIR=<directory>: where to put the wheels"]
+    assert not venv.exists()
+
+
 def test_an_old_python_is_refused_in_one_line_before_any_install(tmp_path):
     """A python3 that reports 3.10 (the real interpreter with its version_info replaced)."""
     bin_dir = tmp_path / "bin"
