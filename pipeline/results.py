@@ -121,6 +121,10 @@ class RunSummary:
     steady_basis: str = "steady"
     # why a speed figure is empty or includes warm-up, in words; None: neither
     speed_note: Optional[str] = None
+    # the speed options as they applied, after every fallback: precision, channels_last,
+    # compile (its mode or "off"), cuda_graphs ("none", "compile": compile's per forward and
+    # backward, "step": the whole step); empty in files written before it existed
+    speed_features: dict[str, Any] = field(default_factory=dict)
     # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share") of the training
     # steps; the same of evaluation prefixed "eval_" (eval_peak_memory_mib, ...)

@@ -49,10 +49,12 @@ class Precision:
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
     notes: list[str] = field(default_factory=list)
 
-    def autocast(self) -> ContextManager:
+    def autocast(self, cache: bool = True) -> ContextManager:
+        """`cache`: autocast keeps each weight's cast for the rest of the forward; off for a
+        CUDA graph capture, whose replays must cast afresh (graphed_step.py)."""
         if self.autocast_dtype is None:
             return nullcontext()
-        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
