@@ -207,6 +207,16 @@ def steady_samples_per_s(history: list[EpochRow]) -> Optional[float]:
     return samples / statistics.median(r.epoch_seconds for r in rows)
 
 
+def steady_spread(history: list[EpochRow]) -> Optional[float]:
+    """The epoch-to-epoch spread (max - min) of samples/s over the epochs the steady figure
+    is taken over (`steady_rows`): how far apart two runs' throughput can be by chance alone.
+    None with fewer than two such epochs."""
+    rows = steady_rows(history)
+    if len(rows) < 2:
+        return None
+    return max(r.samples_per_s for r in rows) - min(r.samples_per_s for r in rows)
+
+
 def _epochs(numbers: list[int]) -> str:
     if len(numbers) == 1:
         return f"epoch {numbers[0]}"

@@ -9,8 +9,12 @@ Objectives (a strategy missing the figure is left out of that objective and name
   peak_memory        lowest training peak on the strategy's busiest device
   memory_balance     lowest training memory imbalance (max/mean over devices), among the
                      strategies that spread over more than one device
-Two strategies tie when their figures read the same at the precision the report shows them;
-tied strategies are all recommended, the best of their exact figures first.
+Two strategies tie when their figures read the same at the precision the report shows them,
+and in throughput also when they differ by no more than the epoch-to-epoch spread measured
+(the larger of the two runs' max - min of steady samples/s); tied strategies are all
+recommended, the best of their exact figures first. Where the speed objectives set runs
+against each other whose speed options differ (precision, channels_last, compile, CUDA graphs:
+RunSummary.speed_features), a reason says so: the difference is not the strategies' alone.
 
 Accuracy differences against `single` are called real or within noise only with a measured
 noise estimate: the spread (max - min) of final test accuracy across seeds of otherwise
@@ -27,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pipeline.reporting.table import BASELINE
+from pipeline.reporting.table import BASELINE, features_text
 from pipeline.results import WARMUP_STANDS_IN
 from pipeline.tracking.comparison import Registration
 
@@ -46,6 +50,8 @@ SEED_SWEEP = (
 )
 # the objective whose choice the compare stage registers in MLflow, if it has one
 REGISTERED_OBJECTIVE = "throughput"
+# the objectives that compare speed, which the speed options (compile, CUDA graphs) change
+SPEED_OBJECTIVES = ("fastest_to_target", "throughput")
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ class _Objective:
     shown: Callable[[float], str]  # as the report shows it: equal text = a tie
     lower_is_better: bool
     describe: Callable[[dict, float], str]  # "ddp 12345 samples/s"
+    # a run's epoch-to-epoch spread of the figure, where measured: a smaller difference ties
+    spread: Callable[[dict], Optional[float]] = lambda row: None
 
 
 def _and(names: Sequence[str]) -> str:
@@ -158,6 +166,7 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.0f}",
             False,
             lambda r, v: f"{r['strategy']} {v:.0f} samples/s",
+            lambda r: r.get("steady_samples_per_s_spread"),
         ),
         _Objective(
             "peak_memory",
@@ -259,14 +268,30 @@ def _recommend(
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
     best_row, best = ranked[0]
-    winners = [(r, v) for r, v in ranked if objective.shown(v) == objective.shown(best)]
-    rest = ranked[len(winners) :]
+
+    def within_spread(row: dict, value: float) -> bool:
+        spread = pair_noise(objective.spread(best_row), objective.spread(row))
+        return spread is not None and abs(best - value) <= spread
+
+    winners = [
+        (r, v)
+        for r, v in ranked
+        if objective.shown(v) == objective.shown(best) or within_spread(r, v)
+    ]
+    rest = [rv for rv in ranked if rv not in winners]
     names = tuple(r["strategy"] for r, _ in winners)
     reasons = []
     if len(winners) > 1:
         tied = "; ".join(objective.describe(r, v) for r, v in winners)
+        apart = [(r, v) for r, v in winners if objective.shown(v) != objective.shown(best)]
+        if apart:  # tied by the spread, not by the figures' text
+            spread = max(
+                pair_noise(objective.spread(best_row), objective.spread(r)) or 0.0 for r, _ in apart
+            )
+            tied += f"; apart by no more than the epoch-to-epoch spread, up to {spread:.0f}"
         reasons.append(f"{_and(names)} tie ({tied})")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
+    compared: list[str] = list(names[1:])  # what the reasons set the winner against
     if objective.key == "memory_balance":
         primary = _winner_reason(objective.key, best_row, best, device)
         if rest:
@@ -274,12 +299,14 @@ def _recommend(
         reasons.append(primary)
     elif base is not None and BASELINE not in names:
         reasons.append(_ratio_reason(objective.key, names[0], best, BASELINE, base, device))
+        compared.append(BASELINE)
     elif rest:
         runner, theirs = rest[0]
         reasons.append(
             _ratio_reason(objective.key, names[0], best, runner["strategy"], theirs, device)
             + " (the next best)"
         )
+        compared.append(runner["strategy"])
     elif len(winners) == 1:
         only = "the only strategy compared" if len(rows) == 1 else "the only one measured"
         reasons.append(f"{_winner_reason(objective.key, best_row, best, device)}; {only}")
@@ -288,10 +315,29 @@ def _recommend(
     warm = [r["strategy"] for r, _ in measured if r.get("steady_basis") == WARMUP_STANDS_IN]
     if objective.key == "throughput" and warm:
         reasons.append(f"including warm-up (no epoch free of it): {', '.join(warm)}")
+    if objective.key in SPEED_OBJECTIVES:
+        differ = _features_differ(best_row, [r for r in rows if r["strategy"] in compared])
+        if differ:
+            reasons.append(differ)
     if missing:
         reasons.append(missing_text)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
     return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy)
+
+
+def _features_differ(best: dict, others: list[dict]) -> Optional[str]:
+    """A reason where the winner ran with other speed options than a strategy it is set
+    against (a graphed or compiled run against an eager one, bf16 against fp32); None where
+    they match, or where a run's options were not recorded."""
+    mine = best.get("speed_features") or {}
+    unlike = [r for r in others if r.get("speed_features") and mine and r["speed_features"] != mine]
+    if not unlike:
+        return None
+    cells = "; ".join(f"{r['strategy']}: {features_text(r['speed_features'])}" for r in unlike)
+    return (
+        f"not like for like: {best['strategy']} ran {features_text(mine)}; {cells} (part of "
+        "the difference is the speed options', not the strategies')"
+    )
 
 
 # --- the answer ------------------------------------------------------------------------------
