@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help install quick run test test-fast lint gpu-check docker-quick ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint gpu-check compose docker-quick ui lock docker-setup clean
 .DEFAULT_GOAL := help
 
 help:  ## this list
@@ -66,6 +66,16 @@ quick: install  ## a first result in minutes on any machine (params.yaml's `quic
 run: install  ## the full experiment: fetch -> train every strategy -> compare, then MLflow (ARGS=key=value ...)
 	$(if $(strip $(ARGS)),dvc exp run $(foreach a,$(ARGS),-S '$(a)'),dvc repro)
 	$(PY) -m pipeline.publish
+
+# The full experiment as the README's container command runs it: PostgreSQL, the MLflow
+# server and the pipeline (`dvc repro` on every GPU, then the runs pushed to MLflow); returns
+# with the pipeline's exit code and leaves MLflow up (`docker compose down` stops it).
+# DEVICE=cpu runs the CPU variant (no NVIDIA runtime needed; the full experiment on a CPU
+# takes a day: `make docker-quick` is the quick look).
+COMPOSE_SERVICE = $(if $(filter cpu,$(DEVICE)),--profile cpu up --build --exit-code-from pipeline-cpu pipeline-cpu,up --build --exit-code-from pipeline pipeline)
+compose:  ## the full experiment in the container, PostgreSQL and MLflow beside it (DEVICE=cpu without a GPU)
+	test -f .env || cp .env.example .env
+	$(COMPOSE) $(COMPOSE_SERVICE)
 
 # `make quick` with nothing installed but Docker: the CPU container, with PostgreSQL and the
 # MLflow server beside it (UI on http://127.0.0.1:5000). `run` starts them and returns with

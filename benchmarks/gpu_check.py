@@ -22,7 +22,7 @@ Checks, each PASS or FAIL in the output and the JSON:
   precision_auto    `precision: auto` resolved as `auto_choice` says for this device, and each
                     run's identity records the hardware: devices, kind, count, precision, the
                     torch and CUDA versions of the torch that ran
-  memory_peaks      each run's metrics.json has training and evaluation peaks per device
+  memory_peaks      each run's summary.json has training and evaluation peaks per device
   accuracy_is_model each strategy's reported test_acc is that of its model.pt, evaluated here
                     by a loop of this script's own
   mlflow_runs       one FINISHED MLflow run per strategy in the temporary store, holding its
@@ -327,7 +327,7 @@ def train(project: Path, env: dict, strategy: str, overrides: list[str]) -> floa
 
 def gather(project: Path, strategy: str) -> dict[str, Any]:
     """What one finished stage left on disk: its metrics, identity and MLflow run id."""
-    metrics = json.loads((project / "results" / strategy / "metrics.json").read_text())
+    metrics = json.loads((project / "results" / strategy / "summary.json").read_text())
     latest = json.loads((project / "checkpoints" / strategy / "latest.json").read_text())
     record = json.loads((project / "checkpoints" / strategy / "run.json").read_text())
     identity = latest["identity"]

@@ -1,8 +1,10 @@
 """The command line every stage shares: `python -m pipeline.<command> [--help] [key=value ...]`.
 
-`--help` prints what the command does and exits; `--params SECTION` prints the defaults and
-meanings of one params.yaml section (pipeline/config.py's docstrings) and exits. Anything the
-parser refuses is a `UserError` (one line, exit code 2), like any other bad input.
+`--help` prints what the command does and exits; `--params SECTION` prints the keys of one
+params.yaml section and exits. Both show each key with the value the command would run with
+(params.yaml and the key=value overrides given beside them), the schema's default where that
+differs, and its meaning (pipeline/config.py's docstrings). Anything the parser refuses is a
+`UserError` (one line, exit code 2), like any other bad input.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import sys
 from typing import Any, Optional
 
-from pipeline.config import describe
+from pipeline.config import Config, ConfigError, describe, load_config
 from pipeline.errors import UserError
 
 OVERRIDES_HELP = (
@@ -19,29 +21,45 @@ OVERRIDES_HELP = (
     "(each key's default and meaning: --params SECTION)"
 )
 PARAMS_EPILOG = (
-    "params.yaml keys, each with its default and meaning (override any as key=value;\n"
-    "one section only: --params SECTION):\n\n"
+    "params.yaml keys, each with the value this command would use (params.yaml and the\n"
+    "overrides given), the default where that differs, and its meaning (override any as\n"
+    "key=value; one section only: --params SECTION):\n\n"
 )
+PRINT_CONFIG = "--print-config"
 PARAMS_HELP = (
-    "print the default and meaning of every key of one params.yaml section "
+    "print the value in use, default and meaning of every key of one params.yaml section "
     "(e.g. train, or a top-level key such as devices) and exit"
 )
 
 
+def values_in_use(argv: list[str]) -> tuple[Optional[Config], str]:
+    """The config the command line would run with, for the help to show: params.yaml and the
+    key=value items of `argv`. Where they do not load (bad input, which running the command
+    reports), the schema's defaults stand in and a line says why."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        return load_config("params.yaml", overrides), ""
+    except ConfigError as err:
+        return None, f"(showing the schema's defaults: {err})\n\n"
+
+
 class _Parser(argparse.ArgumentParser):
     with_params = False  # end the help with every params.yaml key (parse_args' params_help)
+    argv: list[str] = []  # the command line, for the values the help shows
 
     def format_help(self) -> str:
         # built only when help is shown: reading the config's docstrings from its source
         # takes a noticeable part of a second, which every stage and worker would pay
         if self.with_params:
-            self.epilog = f"{self.epilog}\n\n{PARAMS_EPILOG}{describe()}"
+            values, why = values_in_use(self.argv)
+            self.epilog = f"{self.epilog}\n\n{PARAMS_EPILOG}{why}{describe(values=values)}"
             self.with_params = False
         return super().format_help()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         usage = " ".join(self.format_usage().split()[1:])  # one line, without the options
-        usage = usage.replace("[-h] ", "").replace("[--params SECTION] ", "")
+        for option in ("[-h] ", "[--params SECTION] ", f"[{PRINT_CONFIG}] "):
+            usage = usage.replace(option, "")
         raise UserError(f"usage: {usage} ({message})")
 
 
@@ -56,8 +74,8 @@ class _PrintParams(argparse.Action):
         values: Any,
         option_string: Optional[str] = None,
     ) -> None:
-        text = describe(values)
-        print(text, end="", flush=True)
+        used, why = values_in_use(getattr(parser, "argv", []))
+        print(why + describe(values, values=used), end="", flush=True)
         parser.exit(0)
 
 
@@ -78,14 +96,24 @@ def parse_args(
         epilog=details,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.with_params = params_help
+    argv = sys.argv[1:] if argv is None else argv
+    parser.with_params, parser.argv = params_help, argv
     if strategy_names:
         parser.add_argument(
             "strategy", metavar="STRATEGY", help=f"one of: {', '.join(strategy_names)}"
         )
+        parser.add_argument(
+            PRINT_CONFIG,
+            action="store_true",
+            help="print the params the strategy would run with (params.yaml and the overrides; "
+            "its own section, no other strategy's) as YAML and exit",
+        )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDES_HELP)
     parser.add_argument("--params", metavar="SECTION", action=_PrintParams, help=PARAMS_HELP)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    # a flag may follow the overrides (`ddp train.epochs=2 --print-config`): argparse takes
+    # positionals in one run, so the flag goes first, which changes nothing it means
+    flags = [a for a in argv if a == PRINT_CONFIG]
+    args = parser.parse_args(flags + [a for a in argv if a != PRINT_CONFIG])
     if strategy_names and "=" in args.strategy:
         parser.error(f"the first argument is the strategy, got {args.strategy!r}")
     return args

@@ -183,7 +183,9 @@ class DdpConfig:
 
 @dataclass
 class FsdpConfig:
-    """`fsdp`: FullyShardedDataParallel, one process per device."""
+    """`fsdp`: FSDP2 (torch.distributed.fsdp.fully_shard, not the FullyShardedDataParallel
+    wrapper): parameters, gradients and optimizer state sharded over the ranks, one process per
+    device."""
 
     nproc: int = field(default=2, metadata=_min(1))
     """Processes on CPU (on GPUs it is one process per device in `devices`)."""
@@ -599,10 +601,12 @@ def _field_docs(schema: type) -> tuple[tuple[str, str], ...]:
     return tuple(docs)
 
 
-def describe(section: Optional[str] = None) -> str:
-    """Every params.yaml key, dotted, with its default (as YAML writes it) and its meaning,
+def describe(section: Optional[str] = None, values: Optional[Config] = None) -> str:
+    """Every params.yaml key, dotted, with its value (as YAML writes it) and its meaning,
     grouped by section; with `section` (a top-level key of params.yaml) only that one.
-    An unknown section is a `ConfigError` listing the known ones."""
+    The value is `values`' (the config a command would run with), followed by the schema's
+    default where the two differ; without `values`, the default. An unknown section is a
+    `ConfigError` listing the known ones."""
     fields = dataclasses.fields(Config)
     known = [f.name for f in fields]
     if section is not None and section not in known:
@@ -613,6 +617,7 @@ def describe(section: Optional[str] = None) -> str:
         )
     types = typing.get_type_hints(Config)
     defaults = Config()
+    used = defaults if values is None else values
     docs = field_docs(Config)
     chosen = [f.name for f in fields if section is None or f.name == section]
     top = [name for name in chosen if not dataclasses.is_dataclass(types[name])]
@@ -620,7 +625,8 @@ def describe(section: Optional[str] = None) -> str:
     if top:
         lines = ["top-level keys:"]
         for name in top:
-            lines += _describe_key(name, getattr(defaults, name), docs.get(name, ""))
+            default = getattr(defaults, name)
+            lines += _describe_key(name, getattr(used, name), docs.get(name, ""), default)
         blocks.append("\n".join(lines))
     for name in chosen:
         if not dataclasses.is_dataclass(types[name]):
@@ -630,19 +636,23 @@ def describe(section: Optional[str] = None) -> str:
         lines = _wrap(f"{name}: {title}", indent=0, hang=4)
         section_docs = field_docs(schema)
         for f in dataclasses.fields(schema):
-            value = getattr(getattr(defaults, name), f.name)
-            lines += _describe_key(f"{name}.{f.name}", value, section_docs.get(f.name, ""))
+            value = getattr(getattr(used, name), f.name)
+            default = getattr(getattr(defaults, name), f.name)
+            doc = section_docs.get(f.name, "")
+            lines += _describe_key(f"{name}.{f.name}", value, doc, default)
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
 
-def _describe_key(key: str, value: Any, doc: str) -> list[str]:
-    line = f"  {key}: {_yaml_flow(value)}"
+def _describe_key(key: str, value: Any, doc: str, default: Any) -> list[str]:
+    differs = f"(default: {_yaml_flow(default)})" if value != default else ""
+    line = f"  {key}: {_yaml_flow(value)}" + (f"  {differs}" if differs else "")
     if len(line) <= HELP_WIDTH:
         lines = [line]
     else:  # a long mapping or list: YAML's block style, one entry a line
         block = yaml.safe_dump(value, default_flow_style=False, sort_keys=False, width=10**9)
         lines = [f"  {key}:", *(f"    {row}" for row in block.splitlines())]
+        lines += _wrap(differs, indent=4, hang=6)
     return lines + _wrap(doc, indent=6, hang=6)
 
 

@@ -1,8 +1,10 @@
 """Per-device peak memory of one epoch: reset, read, gather to the writer, summarize.
 
 Each epoch is measured twice: its training steps (reset before them, read after them) and its
-evaluation (reset again, read after it), kept apart: "gpu3/peak_allocated_mib" is training's,
-"gpu3/eval_peak_allocated_mib" evaluation's (EVAL).
+evaluation (reset again, read after it), kept apart: "memory/gpu_3_peak_allocated_mib" is
+training's, "memory/gpu_3_eval_peak_allocated_mib" evaluation's (EVAL). The names follow MLflow's
+own system metrics ("system/gpu_3_memory_usage_megabytes"): a group before the slash, then the
+device as gpu_<physical id>, so the two sit side by side in the MLflow UI.
 
 On GPUs a process reads torch.cuda.max_memory_allocated/reserved of every device it computes
 on: its own under one-process-per-device strategies, all of them under DataParallel, whose
@@ -14,8 +16,8 @@ evaluation's own allocations cannot be told apart from it. A CPU run records no 
 peak and says so (NOT_SEPARABLE) where it would show one.
 
 Labels name the physical device, so runs on different GPUs of one machine never mix:
-cuda:j -> "gpu" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu5"), and in a job of
-several nodes the node too ("node1.gpu5"); on the CPU "cpu" + global rank. The imbalance is
+cuda:j -> "gpu_" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu_5"), and in a job
+of several nodes the node too ("node1_gpu_5"); on the CPU "cpu_" + global rank. The imbalance is
 taken over every device of the job. Everything but `reset_peaks`/`read_peaks` is pure, so
 it is tested without GPUs.
 """
@@ -32,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.context import DistContext
-from pipeline.results import NOT_SEPARABLE
+from pipeline.results import NOT_SEPARABLE, device_metric, parse_device_metric
 
 MIB = 2**20
 PROC_STATUS = Path("/proc/self/status")
@@ -41,8 +43,8 @@ PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 @dataclass(frozen=True)
 class DevicePeak:
-    # "gpu3" (physical GPU id; "node1.gpu3" in a multi-node job) or "cpu0" (global rank of a
-    # CPU process)
+    # "gpu_3" (physical GPU id; "node1_gpu_3" in a multi-node job) or "cpu_0" (global rank of
+    # a CPU process)
     label: str
     allocated_mib: float  # peak allocated by tensors; on the CPU the peak RSS of the process
     reserved_mib: Optional[float]  # peak held by the CUDA caching allocator; None on the CPU
@@ -53,11 +55,11 @@ class DevicePeak:
 
 
 def physical_label(device: str, gpus: tuple[str, ...], node: int = 0, nodes: int = 1) -> str:
-    """ "cuda:1" with gpus ("3", "5") -> "gpu5": the renumbered index back to the physical id;
-    in a job of several nodes, prefixed by the node ("node1.gpu5"), since every node has a
+    """ "cuda:1" with gpus ("3", "5") -> "gpu_5": the renumbered index back to the physical id;
+    in a job of several nodes, prefixed by the node ("node1_gpu_5"), since every node has a
     GPU 5 of its own."""
-    label = f"gpu{gpus[torch.device(device).index or 0]}"
-    return f"node{node}.{label}" if nodes > 1 else label
+    label = f"gpu_{gpus[torch.device(device).index or 0]}"
+    return f"node{node}_{label}" if nodes > 1 else label
 
 
 def local_devices(run_devices: list[str], ctx: DistContext) -> list[torch.device]:
@@ -91,7 +93,7 @@ def read_peaks(devices: list[torch.device], ctx: DistContext) -> list[DevicePeak
             )
             for d in devices
         ]
-    return [DevicePeak(f"cpu{ctx.rank}", peak_rss_bytes() / MIB, None)]
+    return [DevicePeak(f"cpu_{ctx.rank}", peak_rss_bytes() / MIB, None)]
 
 
 def peak_rss_bytes() -> int:
@@ -166,7 +168,7 @@ def epoch_metrics(
 ) -> dict[str, float]:
     """MLflow metrics of one epoch: every device's peaks over the training steps, the
     imbalance and device 0's share; the same of evaluation, prefixed EVAL, when given on GPUs
-    ("gpu3/eval_peak_allocated_mib", "eval_mem_imbalance", "eval_gpu0_share"). A CPU
+    ("memory/gpu_3_eval_peak_allocated_mib", "eval_mem_imbalance", "eval_gpu0_share"). A CPU
     evaluation peak is dropped: it is floored at training's heap (NOT_SEPARABLE)."""
     out = _phase_metrics(peaks, "")
     if eval_peaks is not None and eval_peaks[0].kind == "gpu":
@@ -178,36 +180,38 @@ def _phase_metrics(peaks: list[DevicePeak], prefix: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for p in peaks:
         if p.reserved_mib is None:
-            out[f"{p.label}/{prefix}peak_rss_mib"] = p.allocated_mib
+            out[device_metric(p.label, prefix, "rss")] = p.allocated_mib
         else:
-            out[f"{p.label}/{prefix}peak_allocated_mib"] = p.allocated_mib
-            out[f"{p.label}/{prefix}peak_reserved_mib"] = p.reserved_mib
+            out[device_metric(p.label, prefix, "allocated")] = p.allocated_mib
+            out[device_metric(p.label, prefix, "reserved")] = p.reserved_mib
     values = [p.allocated_mib for p in peaks]
     out[f"{prefix}mem_imbalance"] = imbalance(values)
     out[prefix + share_key(peaks[0].kind)] = first_share(values)
     return out
 
 
-METRIC = re.compile(
-    r"^(?P<label>(node\d+\.)?(gpu|cpu)[^/]+)/(?P<phase>eval_)?"
-    r"peak_(?P<what>allocated|reserved|rss)_mib$"
-)
-
-
 def run_summary(epochs: list[dict[str, float]]) -> dict:
-    """For metrics.json, from each epoch's `epoch_metrics` (which a resumed run restores): each
+    """For summary.json, from each epoch's `epoch_metrics` (which a resumed run restores): each
     device's highest peaks over the epochs, and the imbalance of those, for the training steps
     (peak_memory_mib, peak_reserved_mib, mem_imbalance, gpu0_share) and for evaluation (the
     same keys prefixed EVAL). On the CPU evaluation's peak is NOT_SEPARABLE, also where epochs
-    recorded before that was known hold a figure for it."""
+    recorded before that was known hold a figure for it. And how far the training figures
+    moved between epochs (`spreads`), the noise the report's memory rankings allow for."""
     allocated: dict[str, dict[str, float]] = {"": {}, EVAL: {}}
     reserved: dict[str, dict[str, float]] = {"": {}, EVAL: {}}
+    busiest: list[float] = []  # each epoch's highest training peak of any device
     for row in epochs:
+        training = []
         for key, value in row.items():
-            m = METRIC.match(key)
-            if m:
-                into = (reserved if m["what"] == "reserved" else allocated)[m["phase"] or ""]
-                into[m["label"]] = max(into.get(m["label"], 0.0), value)
+            parsed = parse_device_metric(key)
+            if parsed:
+                label, phase, what = parsed
+                into = (reserved if what == "reserved" else allocated)[phase]
+                into[label] = max(into.get(label, 0.0), value)
+                if phase == "" and what != "reserved":
+                    training.append(value)
+        if training:
+            busiest.append(max(training))
     kind = "gpu" if reserved[""] or reserved[EVAL] else "cpu"
     if not allocated[""]:  # epochs recorded before memory was measured (an old checkpoint)
         kind = "none"
@@ -223,4 +227,18 @@ def run_summary(epochs: list[dict[str, float]]) -> dict:
         out[f"{EVAL}peak_memory_mib"] = NOT_SEPARABLE
         out[f"{EVAL}peak_reserved_mib"] = {}
         out[f"{EVAL}mem_imbalance"] = None
-    return out
+    imbalances = [row["mem_imbalance"] for row in epochs if "mem_imbalance" in row]
+    return {**out, **spreads(busiest, imbalances)}
+
+
+def spreads(busiest: list[float], imbalances: list[float]) -> dict[str, Optional[float]]:
+    """Max - min over the epochs of the busiest device's training peak (MiB) and of the
+    training imbalance; None with fewer than two epochs measured."""
+
+    def spread(values: list[float]) -> Optional[float]:
+        return round(max(values) - min(values), 4) if len(values) > 1 else None
+
+    return {
+        "peak_memory_spread_mib": spread(busiest),
+        "mem_imbalance_spread": spread(imbalances),
+    }

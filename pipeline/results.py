@@ -2,7 +2,9 @@
 
 results/<strategy>/ (DVC outputs):
     model.pt      final weights: the plain model's state_dict, whatever the strategy
-    metrics.json  `RunSummary` (DVC metrics)
+    metrics.json  the DVC metrics: the few numbers a person compares (`headline`)
+    summary.json  `RunSummary`: every final figure, per device and per phase, the notes and the
+                  run's identity; what reporting and MLflow read (`read_summary`)
     history.csv   one `EpochRow` per epoch (DVC plots)
     config.yaml   the resolved configuration the run used
 checkpoints/<strategy>/ (the run's state; training/checkpoint.py):
@@ -18,6 +20,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +33,10 @@ RESULTS = Path("results")
 CHECKPOINTS = Path("checkpoints")
 RUN_RECORD, CHECKPOINT_RECORD = "run.json", "latest.json"
 MODEL, METRICS, HISTORY, CONFIG = "model.pt", "metrics.json", "history.csv", "config.yaml"
+SUMMARY = "summary.json"
 # what each strategy's MLflow run gets as files; model.pt also goes in as the MLflow model
 # "model" (tracking/mlflow_run.py `log_final_model`)
-ARTIFACTS = (METRICS, HISTORY, CONFIG, MODEL)
+ARTIFACTS = (METRICS, SUMMARY, HISTORY, CONFIG, MODEL)
 # a CPU run's eval_peak_memory_mib in metrics.json, and what the report shows for it: its
 # process's RSS during evaluation still holds training's heap (pipeline/memory.py)
 NOT_SEPARABLE = "not separable on CPU"
@@ -68,8 +72,8 @@ class EpochRow:
     # work: it is never a steady epoch, nor stands in for one (`is_split`). Records written
     # before it existed read as 0.
     resumed_at_step: int = 0
-    # pipeline.memory.epoch_metrics: "gpu3/peak_allocated_mib" (training steps),
-    # "gpu3/eval_peak_allocated_mib" (evaluation), "mem_imbalance", ...
+    # pipeline.memory.epoch_metrics: "memory/gpu_3_peak_allocated_mib" (training steps),
+    # "memory/gpu_3_eval_peak_allocated_mib" (evaluation; `device_metric`), "mem_imbalance", ...
     memory: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
@@ -97,7 +101,7 @@ METRIC_COLUMNS = tuple(c for c in HISTORY_COLUMNS if c not in ("epoch", "ended_a
 
 @dataclass
 class RunSummary:
-    """results/<strategy>/metrics.json: the run's final figures."""
+    """results/<strategy>/summary.json: the run's final figures."""
 
     strategy: str
     world_size: int
@@ -149,6 +153,33 @@ class RunSummary:
             **{k: v for k, v in data.items() if k in names},
             memory={k: v for k, v in data.items() if k not in names},
         )
+
+
+def device_metric(label: str, phase: str, what: str) -> str:
+    """One device's peak as EpochRow.memory (and MLflow) names it: label "gpu_3", phase "" (the
+    training steps) or "eval_", what "allocated", "reserved" or "rss" (a CPU process) ->
+    "memory/gpu_3_eval_peak_allocated_mib", in the style of MLflow's own system metrics
+    ("system/gpu_3_memory_usage_megabytes")."""
+    return f"memory/{label}_{phase}peak_{what}_mib"
+
+
+_PEAK = r"(?P<phase>eval_)?peak_(?P<what>allocated|reserved|rss)_mib$"
+_DEVICE_METRIC = re.compile(r"^memory/(?P<label>(node\d+_)?(gpu|cpu)_.+?)_" + _PEAK)
+# epochs a checkpoint recorded before those names ("node1.gpu3/peak_allocated_mib"): a run
+# resumed from one reads them as the same devices
+_OLD_DEVICE_METRIC = re.compile(r"^(?P<node>node\d+\.)?(?P<kind>gpu|cpu)(?P<id>[^/]+)/" + _PEAK)
+
+
+def parse_device_metric(key: str) -> Optional[tuple[str, str, str]]:
+    """`device_metric`'s (label, phase, what), or None for any other key."""
+    m = _DEVICE_METRIC.match(key)
+    if m:
+        return m["label"], m["phase"] or "", m["what"]
+    m = _OLD_DEVICE_METRIC.match(key)
+    if m:
+        node = m["node"].replace(".", "_") if m["node"] else ""
+        return f"{node}{m['kind']}_{m['id']}", m["phase"] or "", m["what"]
+    return None
 
 
 def is_warmup(row: EpochRow) -> bool:
@@ -272,7 +303,26 @@ def write_results(
     atomic_write(out_dir / MODEL, lambda path: torch.save(state, path))
     atomic_write(out_dir / HISTORY, history_csv(history))
     atomic_write(out_dir / CONFIG, config_yaml)
-    atomic_write(out_dir / METRICS, json.dumps(summary.to_json(), indent=2) + "\n")
+    atomic_write(out_dir / SUMMARY, json.dumps(summary.to_json(), indent=2) + "\n")
+    atomic_write(out_dir / METRICS, json.dumps(headline(summary), indent=2) + "\n")
+
+
+def headline(summary: RunSummary) -> dict[str, Optional[float]]:
+    """metrics.json, the DVC metrics of a run: numbers only, the same keys for every strategy
+    (`dvc metrics show` is then a row per strategy) and few of them (each is a column per
+    strategy in `dvc exp show`). Per-device, per-phase and per-epoch figures stay in
+    summary.json and history.csv. A speed figure the run has no honest value for is null
+    (summary.json's speed_note says why); peak_memory_mib is the busiest device's training
+    peak (summary.json has each device's)."""
+    peaks = summary.memory.get("peak_memory_mib")
+    return {
+        "test_acc": summary.test_acc,
+        "best_test_acc": summary.best_test_acc,
+        "steady_epoch_seconds": summary.steady_epoch_seconds,
+        "steady_samples_per_s": summary.steady_samples_per_s,
+        "total_seconds": summary.total_seconds,
+        "peak_memory_mib": max(peaks.values()) if isinstance(peaks, dict) and peaks else None,
+    }
 
 
 def history_csv(history: list[EpochRow]) -> str:
@@ -290,7 +340,7 @@ def history_csv(history: list[EpochRow]) -> str:
 
 
 def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
-    path = results / strategy / METRICS
+    path = results / strategy / SUMMARY
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
@@ -302,7 +352,7 @@ def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
         ) from None
     except (OSError, ValueError, TypeError) as err:  # ValueError: JSON's and UTF-8's errors
         raise UserError(
-            f"{path}: not a metrics file of this project ({first_line(err)}); "
+            f"{path}: not a run summary of this project ({first_line(err)}); "
             f"{RERUN.format(strategy=strategy)}"
         ) from None
 

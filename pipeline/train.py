@@ -7,9 +7,15 @@ and exit code 2. Under torchrun each worker builds the same seeded model, the st
 parallelizes it and the shared loop trains it. Checkpoints go to checkpoints/STRATEGY/ (a
 rerun resumes from them), the run to MLflow (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db).
 
+Strategies: single (the plain model, one device), dp (nn.DataParallel), balanced_dp
+(DataParallel with a smaller share of each batch on GPU 0), ddp (DistributedDataParallel),
+fsdp (FSDP2: torch.distributed.fsdp.fully_shard), pipeline_parallel (torch.distributed.
+pipelining, GPipe or 1F1B).
+
 Examples:
   python -m pipeline.train single
   python -m pipeline.train ddp train.epochs=2 model.width=16
+  python -m pipeline.train fsdp --print-config fsdp.mixed_precision=bf16
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ import sys
 from collections.abc import Mapping
 from typing import Optional
 
+import yaml
+
 from pipeline.cli import parse_args
-from pipeline.config import load_config
+from pipeline.config import Config, load_config, to_yaml
 from pipeline.errors import exit_on_user_error
 from pipeline.strategies import NAMES, check_strategy
 from pipeline.timeline import mark
@@ -30,6 +38,16 @@ from pipeline.tracking.store import check_tracking_uri, tracking_uri
 def under_torchrun(env: Mapping[str, str]) -> bool:
     """Whether this process is one of torchrun's workers, not the launcher that starts them."""
     return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
+
+
+def strategy_config(cfg: Config, strategy: str) -> str:
+    """The resolved params `strategy` trains with, as YAML: every key, the other strategies'
+    sections left out (its stage depends on none of them)."""
+    data = yaml.safe_load(to_yaml(cfg))
+    for name in NAMES:
+        if name != strategy:
+            del data[name]
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 @exit_on_user_error
@@ -45,6 +63,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     check_strategy(args.strategy)
     cfg = load_config("params.yaml", args.overrides)
+    if args.print_config:
+        print(strategy_config(cfg, args.strategy), end="")
+        return
     check_tracking_uri(tracking_uri())  # like the keys: a mistyped URI needs no torch to say so
     from pipeline.training import launcher
 

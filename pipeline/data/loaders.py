@@ -68,7 +68,7 @@ class Batches:
     `steps` optimizer steps per epoch, `epoch(e, start_step)` yielding them."""
 
     steps: int
-    notes: tuple[str, ...] = ()  # for the run's record (metrics.json, MLflow)
+    notes: tuple[str, ...] = ()  # for the run's record (summary.json, MLflow)
 
     def __init__(
         self,

@@ -10,11 +10,14 @@ Objectives (a strategy missing the figure is left out of that objective and name
   memory_balance     lowest training memory imbalance (max/mean over devices), among the
                      strategies that spread over more than one device
 Two strategies tie when their figures read the same at the precision the report shows them,
-and in throughput also when they differ by no more than the epoch-to-epoch spread measured
-(the larger of the two runs' max - min of steady samples/s); tied strategies are all
-recommended, the best of their exact figures first. Where the speed objectives set runs
-against each other whose speed options differ (precision, channels_last, compile, CUDA graphs:
-RunSummary.speed_features), a reason says so: the difference is not the strategies' alone.
+and, in the memory rankings and throughput, when they differ by no more than the larger of the
+two strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of
+one run's memory measurement; results.steady_spread: the max - min of samples/s over the
+steady epochs); tied strategies are all recommended, the best exact figure first. Without a
+spread (one epoch; one steady epoch for throughput) the answer says the difference is
+untested. Where the speed objectives set runs against each other whose speed options differ
+(precision, channels_last, compile, CUDA graphs: RunSummary.speed_features), a reason says so:
+the difference is not the strategies' alone.
 
 Accuracy differences against `single` are called real or within noise only with a measured
 noise estimate: the spread (max - min) of final test accuracy across seeds of otherwise
@@ -27,13 +30,14 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeline.reporting.table import BASELINE, features_text
 from pipeline.results import WARMUP_STANDS_IN
-from pipeline.tracking.comparison import Registration
+from pipeline.tracking.comparison import RECOMMENDED, Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
 # measured here for dp against single
@@ -50,6 +54,14 @@ SEED_SWEEP = (
 )
 # the objective whose choice the compare stage registers in MLflow, if it has one
 REGISTERED_OBJECTIVE = "throughput"
+# the MLflow model alias of each objective's pick (models:/<name>@least-memory), beside
+# comparison.RECOMMENDED, the registered choice's
+OBJECTIVE_ALIASES = {
+    "fastest_to_target": "fastest-to-target",
+    "throughput": "highest-throughput",
+    "peak_memory": "least-memory",
+    "memory_balance": "most-even-memory",
+}
 # the objectives that compare speed, which the speed options (compile, CUDA graphs) change
 SPEED_OBJECTIVES = ("fastest_to_target", "throughput")
 
@@ -118,8 +130,11 @@ class _Objective:
     shown: Callable[[float], str]  # as the report shows it: equal text = a tie
     lower_is_better: bool
     describe: Callable[[dict, float], str]  # "ddp 12345 samples/s"
-    # a run's epoch-to-epoch spread of the figure, where measured: a smaller difference ties
-    spread: Callable[[dict], Optional[float]] = lambda row: None
+    # the figure's epoch-to-epoch spread in a run (a row key): a difference within the larger
+    # of two strategies' spreads is a tie; None: the precision rule alone
+    spread: Optional[str] = None
+    spread_shown: str = ""  # its format and unit in the reasons: ".0f MiB"
+    spread_needs: str = "2 or more epochs"  # what measuring the spread takes
 
 
 def _and(names: Sequence[str]) -> str:
@@ -166,7 +181,9 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.0f}",
             False,
             lambda r, v: f"{r['strategy']} {v:.0f} samples/s",
-            lambda r: r.get("steady_samples_per_s_spread"),
+            "steady_samples_per_s_spread",
+            ".0f samples/s",
+            "2 or more steady epochs",
         ),
         _Objective(
             "peak_memory",
@@ -175,6 +192,8 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.0f}",
             True,
             lambda r, v: f"{r['strategy']} {v:.0f} MiB ({_busiest(r)})",
+            "peak_memory_spread_mib",
+            ".0f MiB",
         ),
         _Objective(
             "memory_balance",
@@ -183,8 +202,34 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.2f}",
             True,
             lambda r, v: f"{r['strategy']} {v:.2f} over {_count(r, device)}",
+            "mem_imbalance_spread",
+            ".3f",
         ),
     ]
+
+
+def _ties(objective: _Objective, best_row: dict, best: float, row: dict, value: float) -> bool:
+    """Reads the same as the best, or lies within the larger measured spread."""
+    if objective.shown(value) == objective.shown(best):
+        return True
+    if objective.spread is None:
+        return False
+    spreads = (best_row.get(objective.spread), row.get(objective.spread))
+    known = [s for s in spreads if s is not None]
+    return bool(known) and abs(value - best) <= max(known)
+
+
+def _spread_reason(objective: _Objective, ranked: list[dict]) -> str:
+    key = objective.spread or ""
+    known = [(r["strategy"], r[key]) for r in ranked if r.get(key) is not None]
+    if not known:
+        return (
+            f"no epoch-to-epoch spread measured (it takes {objective.spread_needs}): the "
+            "differences are not tested against noise"
+        )
+    spec, _, unit = objective.spread_shown.partition(" ")
+    cells = ", ".join(f"{name} {s:{spec}}{' ' + unit if unit else ''}" for name, s in known)
+    return f"epoch-to-epoch spread (a difference within it is a tie): {cells}"
 
 
 def _winner_reason(objective: str, row: dict, value: float, device: str) -> str:
@@ -268,28 +313,15 @@ def _recommend(
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
     best_row, best = ranked[0]
-
-    def within_spread(row: dict, value: float) -> bool:
-        spread = pair_noise(objective.spread(best_row), objective.spread(row))
-        return spread is not None and abs(best - value) <= spread
-
-    winners = [
-        (r, v)
-        for r, v in ranked
-        if objective.shown(v) == objective.shown(best) or within_spread(r, v)
-    ]
-    rest = [rv for rv in ranked if rv not in winners]
+    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v)]
+    tied = {id(r) for r, _ in winners}  # not always the first ones: each has its own spread
+    rest = [(r, v) for r, v in ranked if id(r) not in tied]
     names = tuple(r["strategy"] for r, _ in winners)
     reasons = []
     if len(winners) > 1:
-        tied = "; ".join(objective.describe(r, v) for r, v in winners)
-        apart = [(r, v) for r, v in winners if objective.shown(v) != objective.shown(best)]
-        if apart:  # tied by the spread, not by the figures' text
-            spread = max(
-                pair_noise(objective.spread(best_row), objective.spread(r)) or 0.0 for r, _ in apart
-            )
-            tied += f"; apart by no more than the epoch-to-epoch spread, up to {spread:.0f}"
-        reasons.append(f"{_and(names)} tie ({tied})")
+        cells = "; ".join(objective.describe(r, v) for r, v in winners)
+        within = any(objective.shown(v) != objective.shown(best) for _, v in winners)
+        reasons.append(f"{_and(names)} tie{' within the spread' if within else ''} ({cells})")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
     compared: list[str] = list(names[1:])  # what the reasons set the winner against
     if objective.key == "memory_balance":
@@ -319,6 +351,8 @@ def _recommend(
         differ = _features_differ(best_row, [r for r in rows if r["strategy"] in compared])
         if differ:
             reasons.append(differ)
+    if objective.spread is not None and len(measured) > 1:
+        reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
@@ -469,11 +503,18 @@ def _model_line(registered: Optional[Registration]) -> Optional[str]:
         return None
     if registered.version is None:
         return f"MLflow model: not registered ({registered.why_not})"
-    return (
+    line = (
         f"MLflow model: {registered.strategy}'s ({registered.objective}) registered as "
         f"{registered.name} version {registered.version} (run {registered.run_id}); load it "
         f'with `mlflow.pytorch.load_model("{registered.uri}")`'
     )
+    others = {a: vs for a, vs in registered.aliases.items() if a != RECOMMENDED}
+    if others:  # each objective's pick, which may be another strategy's version
+        line += ". Per objective: " + ", ".join(
+            f"`@{alias}` {strategy}'s (version {version})"
+            for alias, (version, strategy) in others.items()
+        )
+    return line
 
 
 def _title(r: Recommendation) -> str:
@@ -492,6 +533,19 @@ def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
     if model is not None:
         lines += ["", model]
     return "\n".join(lines) + "\n"
+
+
+def text(answer: Answer, registered: Optional[Registration] = None, width: int = 120) -> str:
+    """`markdown` as the compare stage prints it: every line wrapped to `width`, a list item's
+    continuation lines indented under its text."""
+    out = []
+    for line in markdown(answer, registered).splitlines():
+        item = re.match(r"^(\s*- )", line)
+        hang = " " * len(item.group(1)) if item else ""
+        out += textwrap.wrap(
+            line, width, subsequent_indent=hang, break_long_words=False, break_on_hyphens=False
+        ) or [""]
+    return "\n".join(out) + "\n"
 
 
 def html_section(answer: Answer, registered: Optional[Registration] = None) -> str:

@@ -1,19 +1,24 @@
 """The compare stage's work: results/<strategy>/ of every strategy -> reports/, and the
 strategy runs grouped in MLflow under a parent run "comparison" holding the report; the
-recommended strategy's model registered in MLflow.
+recommended strategies' models registered in MLflow, under aliases.
 
 reports/:
-  summary.md, index.html  the answer (answer.py), the table (table.py) and the plots
-                          (plots.py; pages.py)
+  summary.md, index.html  the answer (answer.py), the table (table.py), the per-device memory
+                          table (devices.py) and the plots (plots.py; pages.py)
   recommendation.json     the answer: one recommendation per objective, with its reasons
-  summary.json            every column, keyed by strategy (DVC metrics)
-  accuracy.csv            test accuracy by epoch, one column per strategy (DVC plots)
+  summary.json            accuracy and steady samples/s keyed by strategy (DVC metrics)
+  comparison.json         every column, keyed by strategy
+  mlflow_url.txt          the MLflow page with this comparison's runs side by side
+  accuracy.csv, loss.csv, throughput.csv
+                          test accuracy, training loss, samples/s by epoch, one column per
+                          strategy (DVC plots)
   accuracy_vs_epoch.png, accuracy_vs_time.png, throughput.png, memory.png
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.config import MlflowConfig, ReportConfig
@@ -24,11 +29,13 @@ from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.results import read_history, read_summary
 from pipeline.strategies import NAMES, check_names
 from pipeline.tracking.comparison import (
+    RECOMMENDED,
     Registration,
     close_comparison,
     open_comparison,
     register_model,
     seed_accuracies,
+    set_aliases,
 )
 from pipeline.tracking.provenance import base_tags
 from pipeline.tracking.publish import current_run_id
@@ -48,16 +55,18 @@ REPORT_FILES = (
     "index.html",
     "summary.md",
     "summary.json",
+    "comparison.json",
     "recommendation.json",
-    "accuracy.csv",
+    *table.WIDE_PLOTS,
     *PLOTS,
 )
+MLFLOW_URL = "mlflow_url.txt"
 
 
 def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig) -> str:
     """Write reports/ for the strategies `names`, group their runs in MLflow and register the
-    recommended strategy's model; returns the answer and the table as markdown and the MLflow
-    page that shows the runs side by side."""
+    recommended strategies' models; returns what the stage prints: the answer and a table
+    that fit a terminal (table.TEXT_WIDTH), and where the report and the MLflow page are."""
     check_names(names)
     target = report.target_accuracy
     results = [read_summary(name) for name in names]
@@ -79,12 +88,17 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
     registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)
 
     REPORTS.mkdir(exist_ok=True)  # once every input has been read: a refusal makes none
-    atomic_write(REPORTS / "summary.json", json.dumps(table.summary_json(rows), indent=2) + "\n")
-    atomic_write(
-        REPORTS / "recommendation.json",
-        json.dumps(answer.to_json(answered, registered), indent=2) + "\n",
-    )
-    atomic_write(REPORTS / "accuracy.csv", table.accuracy_wide(histories, list(NAMES)))
+    for name, data in (
+        ("summary.json", table.summary_json(rows)),
+        ("comparison.json", table.comparison_json(rows)),
+        ("recommendation.json", answer.to_json(answered, registered)),
+    ):
+        atomic_write(REPORTS / name, json.dumps(data, indent=2) + "\n")
+    for name, field in table.WIDE_PLOTS.items():
+        atomic_write(REPORTS / name, table.wide_csv(histories, list(NAMES), field))
+    unreachable = "MLflow was unreachable: the runs are not grouped"
+    # the URL alone, to open or script with (`xdg-open $(cat reports/mlflow_url.txt)`)
+    atomic_write(REPORTS / MLFLOW_URL, (mlflow.url if mlflow else unreachable) + "\n")
     write_plots(rows, histories, target, REPORTS)
     atomic_write(REPORTS / "summary.md", markdown_page(rows, target, mlflow, answered, registered))
     atomic_write(
@@ -98,35 +112,54 @@ def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig
             [REPORTS / name for name in REPORT_FILES],
             {r["mlflow_run_id"]: child_tags(r) for r in rows if r["mlflow_run_id"]},
         )
-    where = (
-        f"MLflow, these runs side by side: {mlflow.url}"
+    # the link is hundreds of characters long: its file and the page hold it, not the terminal
+    mlflow_line = (
+        f"MLflow, these runs side by side: the link in {REPORTS / MLFLOW_URL} and atop the report"
         if mlflow is not None
-        else "MLflow was unreachable: the runs are not grouped"
+        else unreachable
     )
     return (
-        answer.markdown(answered, registered)
+        answer.text(answered, registered, table.TEXT_WIDTH)
         + "\n"
-        + table.markdown_table(rows, target)
-        + f"\n{where}\n"
+        + table.text_table(rows, target)
+        + f"\nReport: {REPORTS / 'index.html'} (per-device memory, plots, notes)\n"
+        + mlflow_line
+        + "\n"
     )
 
 
 def register(
     answered: answer.Answer, rows: list[dict], experiment: str, reachable: bool
 ) -> Registration | None:
-    """The recommended strategy's logged model as a new version of the registered model named
-    after the MLflow experiment (the throughput pick, else the first objective's); None when
-    no objective recommends a strategy."""
+    """The recommended strategies' logged models as versions of the registered model named
+    after the MLflow experiment: the choice (the throughput pick, else the first objective's)
+    under the alias RECOMMENDED, each objective's pick under its own
+    (answer.OBJECTIVE_ALIASES), so where the objectives disagree each has its version. None
+    when no objective recommends a strategy."""
     choice = answered.choice()
     if choice is None:
         return None
-    objective, strategy = choice
-    title = next(r.title for r in answered.recommendations if r.objective == objective)
-    title = title[:1].lower() + title[1:]
-    run_id = next(r["mlflow_run_id"] for r in rows if r["strategy"] == strategy)
+    strategy = choice[1]
+    picks = {r.objective: r.strategies[0] for r in answered.recommendations if r.strategies}
+    run_ids = {r["strategy"]: r["mlflow_run_id"] for r in rows}
+
+    def title(s: str) -> str:  # what the strategy is recommended for: "highest throughput"
+        titles = [r.title for r in answered.recommendations if picks.get(r.objective) == s]
+        return ", ".join(t[:1].lower() + t[1:] for t in titles)
+
     if not reachable:
-        return Registration(experiment, strategy, title, run_id, why_not="MLflow unreachable")
-    return register_model(experiment, strategy, title, run_id)
+        why = "MLflow unreachable"
+        return Registration(experiment, strategy, title(strategy), run_ids[strategy], why_not=why)
+    versions = {
+        s: register_model(experiment, s, title(s), run_ids[s])
+        for s in dict.fromkeys([strategy, *picks.values()])
+    }
+    wanted = {
+        alias: versions[picks[key]] if key in picks else None
+        for key, alias in answer.OBJECTIVE_ALIASES.items()
+    }
+    aliases = set_aliases(experiment, {RECOMMENDED: versions[strategy], **wanted})
+    return replace(versions[strategy], aliases=aliases)
 
 
 def child_metrics(row: dict) -> dict[str, float]:

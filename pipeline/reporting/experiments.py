@@ -20,13 +20,13 @@ from pipeline.errors import UserError
 OUT = Path("reports/experiments.md")
 # always shown, for context; any other param whose value differs between rows is added
 BASE_PARAMS = ("train.batch_size", "train.lr", "train.epochs")
-METRICS = (  # (key in results/<strategy>/metrics.json, column, format)
-    ("world_size", "processes", "{:.0f}"),
+METRICS = (  # (key in results/<strategy>/metrics.json, column, format): all of its keys
     ("test_acc", "final test acc", "{:.4f}"),
     ("best_test_acc", "best test acc", "{:.4f}"),
     ("steady_epoch_seconds", "steady s/epoch", "{:.2f}"),
     ("steady_samples_per_s", "steady samples/s", "{:.0f}"),
     ("total_seconds", "total s", "{:.1f}"),
+    ("peak_memory_mib", "peak MiB (busiest device)", "{:.0f}"),
 )
 
 

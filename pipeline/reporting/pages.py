@@ -1,6 +1,8 @@
 """The report as pages: summary.md (plots linked) and index.html (plots embedded, so it opens
 from disk and can be mailed on its own). Both open with the answer (answer.py): which strategy
-to use on this hardware, per objective; the table and the plots follow."""
+to use on this hardware, per objective; the table, the per-device memory table and the plots
+follow. The page fits a 1400 px window with 8 GPUs a strategy: the main table has a fixed set
+of columns, the memory table a row per device, and a batch split breaks after its "+"."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import base64
 import html
 from pathlib import Path
 
-from pipeline.reporting import answer, table
+from pipeline.reporting import answer, devices, table
 from pipeline.reporting.plots import PLOTS
 from pipeline.results import NOT_SEPARABLE
 from pipeline.tracking.comparison import Comparison, Registration
@@ -38,6 +40,9 @@ def markdown_page(
         link + "\n",
         table.markdown_table(rows, target),
         _legend(rows, target) + "\n",
+        "## Memory per device\n",
+        devices.markdown_table(rows),
+        _memory_legend(rows) + "\n",
     ]
     parts += [f"![{name}]({name})\n" for name in PLOTS]
     parts += ["## Notes\n"] + [f"- {r['strategy']}: {n}" for r in rows for n in r["notes"]]
@@ -75,7 +80,7 @@ def html_page(
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; font-size: 13px; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
-td {{ white-space: nowrap; }}
+td {{ white-space: nowrap; }} td.wrap {{ white-space: normal; }}
 th {{ background: #f3f3f3; }} td:first-child, th:first-child {{ text-align: left; }}
 img {{ max-width: 48%; margin: 1em 1% 0 0; border: 1px solid #eee; }}
 p.legend {{ max-width: 70em; font-size: 13px; color: #555; }}
@@ -97,6 +102,9 @@ section.answer code {{ background: #e8eef6; padding: 0 3px; border-radius: 3px; 
 {link}
 {table.html_table(rows, target)}
 <p class="legend">{html.escape(_legend(rows, target))}</p>
+<h2>Memory per device</h2>
+{devices.html_table(rows)}
+<p class="legend">{html.escape(_memory_legend(rows))}</p>
 {images}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
@@ -104,9 +112,25 @@ section.answer code {{ background: #e8eef6; padding: 0 3px; border-radius: 3px; 
 
 
 def _legend(rows: list[dict], target: float | None) -> str:
+    where = "GPU (physical id)" if rows[0]["memory_kind"] == "gpu" else "process (rank), RSS"
+    return (
+        f"Steady s/epoch is the median over the epochs not marked warm-up (the first "
+        f"epoch each process ran: epoch 1, shown apart, and a resumed one), steady "
+        f"samples/s an epoch's samples over it. Where every epoch is a warm-up, the whole "
+        f"ones stand in, marked (warm-up); an epoch resumed mid-way never does (its time "
+        f"spans more than one process start): a run left without a figure shows none, says "
+        f"why in its notes and is not ranked on throughput. Speedup and accuracy delta are "
+        f"against {table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
+        f"time until test accuracy first reached "
+        f"{target if target is not None else '(none set)'}. Training peak: the highest of any "
+        f"one {where} over the training steps of any epoch; every device's is below."
+    )
+
+
+def _memory_legend(rows: list[dict]) -> str:
     memory = (
-        "peak memory allocated by tensors per GPU (physical id), highest epoch; "
-        "max/mean over devices is the imbalance"
+        "peak memory allocated by tensors (reserved: held by the caching allocator) per GPU "
+        "(physical id), highest epoch"
         if rows[0]["memory_kind"] == "gpu"
         else "CPU run: peak resident set size per process (rank), highest epoch, in place of "
         "GPU memory"
@@ -118,16 +142,9 @@ def _legend(rows: list[dict], target: float | None) -> str:
         "holds training's heap)"
     )
     return (
-        f"Steady s/epoch is the median over the epochs not marked warm-up (the first "
-        f"epoch each process ran: epoch 1, shown apart, and a resumed one), steady "
-        f"samples/s an epoch's samples over it. Where every epoch is a warm-up, the whole "
-        f"ones stand in, marked (warm-up); an epoch resumed mid-way never does (its time "
-        f"spans more than one process start): a run left without a figure shows none, says "
-        f"why in its notes and is not ranked on throughput. Speedup and accuracy delta are "
-        f"against {table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
-        f"time until test accuracy first reached "
-        f"{target if target is not None else '(none set)'}. Memory: {memory}; the training "
-        f"peak (and its imbalance) covers the training steps only, {evaluation}. {EVAL_SPLIT}"
+        f"Memory: {memory}; the training peak covers the training steps only, {evaluation}. "
+        f"Training max/mean: the imbalance of the training peaks over the strategy's devices. "
+        f"{EVAL_SPLIT}"
     )
 
 

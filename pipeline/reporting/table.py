@@ -5,19 +5,26 @@ epochs not marked warm-up, i.e. neither epoch 1 nor the first epoch of a resumed
 1's one-off work is reported apart as the warm-up). Where every epoch is a warm-up the whole
 ones stand in, their cells marked "(warm-up)"; a run left without any has empty speed cells
 and its `speed_note` among the notes, which say why. Speedup and accuracy deltas are against
-`single` when it ran; scaling efficiency is speedup / devices. Memory columns: the peak and
-imbalance are the training steps' (pipeline.memory), evaluation's peak is a column of its own.
+`single` when it ran; scaling efficiency is speedup / devices. Memory: the main table shows
+the busiest device's training peak; every device's training and evaluation peaks are the
+per-device table's (devices.py). Each row also carries how much its memory figures moved from
+epoch to epoch (summary.json's peak_memory_spread_mib, mem_imbalance_spread: pipeline.memory
+`spreads`), which the answer's memory rankings take as their noise.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from typing import Any, Optional
 
 from pipeline.results import WARMUP_STANDS_IN, EpochRow, RunSummary, steady_spread
 
 BASELINE = "single"
+# how a speed cell says it has no figure, and that it is taken over warm-up epochs: in the
+# report, and in the printed table (which a footnote explains)
+SPELLED, TERSE = ("none (see notes)", " (warm-up)"), ("none", "*")
 
 
 def time_to_target(
@@ -50,7 +57,7 @@ def delta(value: float, base: Optional[float]) -> Optional[float]:
 def comparison_rows(
     results: list[RunSummary], histories: dict[str, list[EpochRow]], target: Optional[float]
 ) -> list[dict[str, Any]]:
-    """One row per strategy: its metrics.json figures plus the cross-strategy columns."""
+    """One row per strategy: its summary.json figures plus the cross-strategy columns."""
     base = next((r for r in results if r.strategy == BASELINE), None)
     rows = []
     for r in results:
@@ -95,15 +102,16 @@ def _num(spec: str, suffix: str = "") -> Callable:
     return lambda v, row: "n/a" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _speed(spec: str, steady: bool = True) -> Callable:
+def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> Callable:
     """A speed cell: empty where the run has no honest figure, pointing at the notes that say
-    why; a steady figure taken over warm-up epochs is marked so."""
+    why; a steady figure taken over warm-up epochs is marked so (`marks`: the two words)."""
+    empty, warm = marks
 
     def cell(v: Optional[float], row: dict[str, Any]) -> str:
         if v is None:
-            return "none (see notes)" if row.get("speed_note") else "n/a"
+            return empty if row.get("speed_note") else "n/a"
         marked = steady and row.get("steady_basis") == WARMUP_STANDS_IN
-        return f"{v:{spec}}" + (" (warm-up)" if marked else "")
+        return f"{v:{spec}}" + (warm if marked else "")
 
     return cell
 
@@ -130,39 +138,51 @@ def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
     return "not reached" if v is None else f"{v:.1f} s (epoch {row['epoch_to_target']})"
 
 
-def _memory_cell(v: dict | str, row: dict[str, Any]) -> str:
-    """Each device's MiB; a figure that cannot be measured says why (memory.NOT_SEPARABLE)."""
-    if isinstance(v, str):
-        return v
-    return ", ".join(f"{label} {mib:.0f}" for label, mib in v.items()) or "n/a"
+def _speedup_cell(v: Optional[float], row: dict[str, Any]) -> str:
+    return "n/a" if v is None else f"{v:.2f}x ({row['scaling_efficiency']:.0%})"
+
+
+def _accuracy_cell(v: float, row: dict[str, Any]) -> str:
+    delta = row["acc_delta_vs_single"]
+    return f"{v:.4f}" + ("" if delta is None else f" ({delta:+.4f})")
+
+
+def busiest(row: dict[str, Any]) -> Optional[tuple[str, float]]:
+    """(device, MiB) of the strategy's highest training peak; None when not measured."""
+    peaks = row.get("peak_memory_mib") or {}
+    if not isinstance(peaks, dict) or not peaks:
+        return None
+    label = max(peaks, key=peaks.__getitem__)
+    return label, peaks[label]
+
+
+def _busiest_cell(v: Any, row: dict[str, Any]) -> str:
+    top = busiest(row)
+    return "n/a" if top is None else f"{top[1]:.0f} ({top[0]})"
 
 
 def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Callable]]:
-    """(row key, header, cell text) for every column of the table."""
-    memory = (
-        "peak allocated MiB per GPU" if memory_kind == "gpu" else "peak RSS (CPU) MiB per process"
+    """(row key, header, cell text) for every column of the main table: one row per strategy,
+    a bounded number of columns whatever the devices (each device's memory is the per-device
+    table's, reporting/devices.py)."""
+    peak = (
+        "peak MiB (busiest GPU)" if memory_kind == "gpu" else "peak RSS MiB (busiest process, CPU)"
     )
     return [
         ("strategy", "strategy", lambda v, row: v),
-        ("world_size", "processes", lambda v, row: str(v)),
-        ("devices", "devices", lambda v, row: ", ".join(v)),
+        ("n_devices", "devices (processes)", lambda v, row: f"{v} ({row['world_size']})"),
         ("batch_split", "per-device batch", lambda v, row: "+".join(map(str, v))),
         ("warmup_epoch_s", "warm-up s (epoch 1)", _speed(".2f", steady=False)),
         ("steady_epoch_s", "steady s/epoch", _speed(".2f")),
         ("steady_samples_per_s", "steady samples/s", _speed(".0f")),
-        ("speedup_vs_single", f"speedup vs {BASELINE}", _num(".2f", "x")),
-        ("scaling_efficiency", "scaling efficiency", _num(".0%")),
-        ("test_acc", "final test acc", _num(".4f")),
-        ("best_test_acc", "best test acc", _num(".4f")),
-        ("acc_delta_vs_single", f"acc delta vs {BASELINE}", _num("+.4f")),
+        ("speedup_vs_single", f"speedup vs {BASELINE} (scaling efficiency)", _speedup_cell),
+        ("test_acc", f"final test acc (delta vs {BASELINE})", _accuracy_cell),
         (
             "time_to_target_s",
             "time to target" if target is None else f"time to acc {target:g}",
             _target_cell if target is not None else lambda v, row: "no target set",
         ),
-        ("peak_memory_mib", f"training {memory}", _memory_cell),
-        ("mem_imbalance", "training mem imbalance (max/mean)", _num(".2f")),
-        ("eval_peak_memory_mib", f"eval {memory}", _memory_cell),
+        ("peak_memory_mib", f"training {peak}", _busiest_cell),
         ("speed_features", "speed features", lambda v, row: features_text(v)),
     ]
 
@@ -173,34 +193,99 @@ def table_cells(rows: list[dict], target: Optional[float]) -> tuple[list[str], l
 
 
 def markdown_table(rows: list[dict], target: Optional[float]) -> str:
-    head, body = table_cells(rows, target)
+    return markdown(*table_cells(rows, target))
+
+
+def markdown(head: list[str], body: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(lines) + "\n"
 
 
 def html_table(rows: list[dict], target: Optional[float]) -> str:
-    head, body = table_cells(rows, target)
-    esc = html.escape
-    out = ["<table>", "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"]
-    out += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for cells in body]
+    return html_rows(*table_cells(rows, target), css="main")
+
+
+def html_rows(head: list[str], body: list[list[str]], css: str) -> str:
+    """A <table>; a batch split ("32+32+...") may break after a "+", however many GPUs."""
+
+    def cell(text: str) -> str:
+        if not re.fullmatch(r"\d+(\+\d+)+", text):
+            return f"<td>{html.escape(text)}</td>"
+        return f'<td class="wrap">{text.replace("+", "+<wbr>")}</td>'
+
+    heads = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    out = [f'<table class="{css}">', f"<tr>{heads}</tr>"]
+    out += ["<tr>" + "".join(cell(c) for c in cells) + "</tr>" for cells in body]
     return "\n".join(out + ["</table>"])
 
 
+# The table as the compare stage prints it: the same rows, short headers, aligned plain text
+# that fits a terminal (TEXT_WIDTH); the report has the full table and the per-device one.
+TEXT_WIDTH = 120
+
+
+def text_table(rows: list[dict], target: Optional[float]) -> str:
+    """Fixed columns, none of them per device, so the width stays bounded: about 105
+    characters for 8 GPUs on 2 nodes (tests/unit/test_report_fits.py checks it)."""
+    reach = "to target" if target is None else f"to acc {target:g}"
+    marked = _speed(".2f", marks=TERSE), _speed(".0f", marks=TERSE)
+    cols: list[tuple[str, str, Callable]] = [
+        ("strategy", "strategy", lambda v, row: v),
+        ("n_devices", "devices", lambda v, row: f"{v} ({row['world_size']})"),
+        ("steady_epoch_s", "s/epoch", marked[0]),
+        ("steady_samples_per_s", "samples/s", marked[1]),
+        ("speedup_vs_single", "speedup", _num(".2f", "x")),
+        ("test_acc", f"test acc (vs {BASELINE})", _accuracy_cell),
+        ("time_to_target_s", reach, _target_cell if target is not None else _num(".1f")),
+        ("peak_memory_mib", "peak MiB", _busiest_cell),
+    ]
+    grid = [[h for _, h, _ in cols]] + [[fmt(r[k], r) for k, _, fmt in cols] for r in rows]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in grid]
+    if any(r.get("steady_basis") == WARMUP_STANDS_IN for r in rows):
+        lines.append("* taken over warm-up epochs (no epoch free of one)")
+    if any(r.get("speed_note") and r.get("steady_epoch_s") is None for r in rows):
+        lines.append("none: no steady epoch (the report's notes say why)")
+    return "\n".join(lines) + "\n"
+
+
 def summary_json(rows: list[dict]) -> dict:
-    """reports/summary.json (DVC metrics): every column, keyed by strategy."""
+    """reports/summary.json, the compare stage's DVC metrics: final test accuracy ("acc") and
+    steady samples/s ("sps") keyed by strategy. Short keys that no other metrics or params
+    file has, so `dvc exp show` heads its columns "acc.ddp" (README "Changing parameters":
+    its recommended command keeps just these, about 200 characters wide); the rest of
+    each strategy's figures are results/<strategy>/metrics.json and reports/comparison.json."""
+    return {
+        "acc": {row["strategy"]: row["test_acc"] for row in rows},
+        "sps": {row["strategy"]: row["steady_samples_per_s"] for row in rows},
+    }
+
+
+def comparison_json(rows: list[dict]) -> dict:
+    """reports/comparison.json (a plain output): every column of every row, keyed by
+    strategy, for tools."""
     skip = {"strategy", "notes"}
     return {row["strategy"]: {k: v for k, v in row.items() if k not in skip} for row in rows}
 
 
-def accuracy_wide(histories: dict[str, list[EpochRow]], names: list[str]) -> str:
-    """CSV of test accuracy by epoch, one column per strategy in `names` (blank where a
-    strategy did not run): DVC can only plot columns it is told about in dvc.yaml, so the file
-    always has a column for every strategy the project knows."""
+def wide_csv(histories: dict[str, list[EpochRow]], names: list[str], field: str) -> str:
+    """CSV of one per-epoch figure (EpochRow `field`: test_acc, train_loss, samples_per_s) by
+    epoch, one column per strategy in `names` (blank where a strategy did not run): DVC can
+    only plot columns it is told about in dvc.yaml, so the file always has a column for every
+    strategy the project knows."""
     epochs = sorted({r.epoch for h in histories.values() for r in h})
-    by = {s: {r.epoch: r.test_acc for r in h} for s, h in histories.items()}
+    by = {s: {r.epoch: getattr(r, field) for r in h} for s, h in histories.items()}
     lines = [",".join(["epoch", *names])]
     for e in epochs:
         cells = [f"{by[s][e]:.6g}" if s in by and e in by[s] else "" for s in names]
         lines.append(",".join([str(e), *cells]))
     return "\n".join(lines) + "\n"
+
+
+# reports/<file>: the EpochRow field it plots per strategy (dvc.yaml's top-level plots)
+WIDE_PLOTS = {
+    "accuracy.csv": "test_acc",
+    "loss.csv": "train_loss",
+    "throughput.csv": "samples_per_s",
+}

@@ -14,7 +14,7 @@ throughput and of those the one with the lowest peak over devices.
 
 On the CPU or one GPU nothing is balanced: auto resolves to null (the even split) without
 profiling, and a note says why. The choice and the measurements become notes, which the
-writer prints and metrics.json keeps (and the checkpoint, with the value, for a resume to
+writer prints and summary.json keeps (and the checkpoint, with the value, for a resume to
 reuse); the first note starts `balanced_dp.gpu0_bsz_chosen=`, the MLflow param's name.
 """
 

@@ -1,6 +1,7 @@
 """The MLflow parent run that groups one comparison's strategy runs and holds the report; the
-recommended strategy's model registered as a version of the experiment's registered model; the
-seed sweeps of a run found among the runs of its experiment.
+recommended strategies' models registered as versions of the experiment's registered model,
+with aliases saying what each was recommended for (`models:/<name>@recommended`); the seed
+sweeps of a run found among the runs of its experiment.
 
 A comparison is identified by the strategy runs it compares: `compare` run again over the
 same runs updates the same parent instead of adding another, and a parent whose runs have
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from pipeline.tracking.mlflow_run import MODEL_NAME
 from pipeline.tracking.store import compare_runs_url, experiment_id, param_text, tracking_uri
 
 KEY_TAG = "parallel_lab_comparison"  # on the parents compare creates: which runs they group
+# the alias of the version the compare stage recommends: models:/<name>@recommended loads it
+RECOMMENDED = "recommended"
 
 
 def comparison_key(children: list[str]) -> str:
@@ -131,7 +134,8 @@ def delete_empty_comparisons(client: Any, exp_id: str) -> None:
 @dataclass(frozen=True)
 class Registration:
     """The recommended strategy's logged model as version `version` of the registered model
-    `name`, or why it is not one (version None)."""
+    `name`, or why it is not one (version None); `aliases`: alias -> (version, strategy) of
+    every alias the comparison set (`set_aliases`), RECOMMENDED among them."""
 
     name: str
     strategy: str
@@ -139,10 +143,16 @@ class Registration:
     run_id: str | None
     version: str | None = None
     why_not: str = ""
+    aliases: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def uri(self) -> str | None:
-        return None if self.version is None else f"models:/{self.name}/{self.version}"
+        """Through the alias where it is set: it follows the recommendation as it changes."""
+        if self.version is None:
+            return None
+        if self.aliases.get(RECOMMENDED, ("",))[0] == self.version:
+            return f"models:/{self.name}@{RECOMMENDED}"
+        return f"models:/{self.name}/{self.version}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -152,6 +162,7 @@ class Registration:
             "strategy": self.strategy,
             "objective": self.objective,
             "run_id": self.run_id,
+            "aliases": {a: {"version": v, "strategy": s} for a, (v, s) in self.aliases.items()},
             **({"why_not": self.why_not} if self.version is None else {}),
         }
 
@@ -210,6 +221,36 @@ def register_model(name: str, strategy: str, objective: str, run_id: str | None)
 
 def _not(registration: Registration, why: str) -> Registration:
     return replace(registration, why_not=why)
+
+
+def set_aliases(name: str, wanted: dict[str, Registration | None]) -> dict[str, tuple[str, str]]:
+    """Point each alias of the registered model `name` at its registration's version; remove
+    one whose registration is None or has no version, so no alias outlives the comparison
+    that set it (an objective that recommends nothing this time). Returns the aliases set,
+    alias -> (version, strategy). Never raises: MLflow away, none is set."""
+    try:
+        client = store.client()
+        quoted = name.replace("'", "\\'")
+        if not client.search_registered_models(f"name = '{quoted}'"):
+            return {}  # nothing registered (no logged model): no alias to set or remove
+        existing = client.get_registered_model(name).aliases
+        done = {}
+        for alias, registration in wanted.items():
+            if registration is None or registration.version is None:
+                if alias in existing:
+                    client.delete_registered_model_alias(name, alias)
+                continue
+            if str(existing.get(alias)) != registration.version:
+                client.set_registered_model_alias(name, alias, registration.version)
+            done[alias] = (registration.version, registration.strategy)
+        return done
+    except Exception as err:  # noqa: BLE001 - an outage: the versions stand, unaliased
+        print(
+            f"warning: MLflow at {tracking_uri()}: model aliases not set ({first_line(err)})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return {}
 
 
 def seed_accuracies(run_id: str | None) -> dict[str, float] | None:

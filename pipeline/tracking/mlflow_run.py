@@ -47,8 +47,11 @@ TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 MODEL_NAME = "model"  # the logged model's name: runs:/<run_id>/model loads it
 # The run's final model as MLflow logs it, supplied by training (tracking builds no model):
 # () -> (the plain model in eval mode with the run's final weights, an input example: a float32
-# numpy batch of normalized test images, [N, 1, 28, 28]).
-ModelSource = Callable[[], tuple[Any, Any]]
+# numpy batch of normalized test images, [N, 1, 28, 28], the run's final figures by name).
+ModelSource = Callable[[], tuple[Any, Any, dict[str, float]]]
+# the final figures' prefix as metrics of the logged model (and its run): apart from the
+# per-epoch series of the same name (test_acc), grouped in the UI like "system/"
+FINAL = "final/"
 # How long the end of a stage gives the step metrics still queued to reach MLflow.
 STEP_METRICS_FLUSH_S = 2.0
 
@@ -143,6 +146,20 @@ class Tracker:
     def _write(self) -> None:
         write_record(self.record_path, self.record)
 
+    def open_soon(self, history: list[EpochRow], then: Callable[[], None]) -> None:
+        """The run in MLflow (created, or a resumed one's status, params, tags and epochs
+        brought up to date), then `then` (its system metrics started), on a background
+        thread: training's first step does not wait for MLflow's import and its store
+        (seconds). run.json, written already, is the truth meanwhile; later pushes wait for
+        this one."""
+
+        def open_run() -> None:
+            self._publish(history)
+            then()
+
+        self._background = threading.Thread(target=open_run, name="mlflow-open", daemon=True)
+        self._background.start()
+
     def publish_soon(self, history: list[EpochRow]) -> None:
         """`publish` on a background thread, so the next epoch does not wait for MLflow (tens
         of ms an epoch into SQLite, more over a network: percents of a sub-second GPU epoch).
@@ -232,8 +249,11 @@ class Tracker:
             )
 
     def close(self) -> None:
-        """End the run's threads in this process: the system-metrics sampler (its last sample
-        logged) and the step metrics' sender (what is queued sent first)."""
+        """End the run's threads in this process: a push under way, the system-metrics sampler
+        (its last sample logged) and the step metrics' sender (what is queued sent first)."""
+        if self._background is not None:
+            self._background.join()
+            self._background = None
         if self._monitor is not None:
             publish_final_sample(self._monitor)
             self._monitor = None
@@ -378,11 +398,14 @@ def log_final_model(
     client: Any, record: dict[str, Any], model: ModelSource, save: Callable[[], None]
 ) -> None:
     """The final weights as the MLflow model "model" of the run (`mlflow.pytorch.log_model`:
-    `runs:/<run_id>/model` loads it), with a signature and an input example. The record keeps
-    the logged model's id as soon as it exists and marks it logged at the end: an interrupted
-    attempt is finished in the same logged model, a re-publish logs nothing."""
+    `runs:/<run_id>/model` loads it), with a signature and an input example, and the run's
+    final figures logged against it (FINAL + name, e.g. "final/test_acc"), so MLflow's
+    logged-model view compares and ranks the strategies' models. The record keeps the logged
+    model's id as soon as it exists and marks it logged at the end: an interrupted attempt is
+    finished in the same logged model, a re-publish logs nothing."""
     import mlflow.pytorch
     import torch
+    from mlflow.entities import Metric
     from mlflow.models import infer_signature
 
     run_id = record["run_id"]
@@ -391,7 +414,7 @@ def log_final_model(
         created = client.create_logged_model(experiment, name=MODEL_NAME, source_run_id=run_id)
         record["model_id"] = created.model_id
         save()
-    module, example = model()
+    module, example, figures = model()
     with torch.no_grad():
         output = module(torch.from_numpy(example)).numpy()
     with fluent_store(tracking_uri()):
@@ -406,6 +429,11 @@ def log_final_model(
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
             validate_serving_input=False,  # a second load and prediction; the tests load it
         )
+    stamp = int(time.time() * 1000)
+    metrics = [
+        Metric(FINAL + k, v, stamp, 0, model_id=record["model_id"]) for k, v in figures.items()
+    ]
+    client.log_batch(run_id, metrics=metrics)
     record["model_logged"] = True
     save()
 

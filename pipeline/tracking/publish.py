@@ -18,9 +18,9 @@ from pipeline.results import (
     ARTIFACTS,
     CHECKPOINT_RECORD,
     CHECKPOINTS,
-    METRICS,
     RESULTS,
     RUN_RECORD,
+    SUMMARY,
     EpochRow,
     read_checkpoint_record,
     read_summary,
@@ -62,7 +62,7 @@ def publish_strategy(
         # run's: its status alone, none of the older run's epochs, or it would stay RUNNING
         latest = None
     history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
-    summary = read_summary(name) if (RESULTS / name / METRICS).exists() else None
+    summary = read_summary(name) if (RESULTS / name / SUMMARY).exists() else None
     finished = summary is not None and summary.fingerprint == key
     artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
     if finished:

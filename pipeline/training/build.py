@@ -156,7 +156,7 @@ def speed_features(
     graphed: bool,
     device: torch.device,
 ) -> dict[str, Any]:
-    """The speed options a run applied, after every fallback, as metrics.json's
+    """The speed options a run applied, after every fallback, as summary.json's
     `speed_features` and the MLflow tags `speed.<key>` carry them, so a comparison can say
     when two runs differ in more than their strategy. `compile_mode`: the mode the forward
     was compiled in, None where it was not; `cuda_graphs`: the strategy takes them

@@ -1,9 +1,11 @@
 """A run's final model as MLflow logs it (pipeline/tracking/mlflow_run.py `log_final_model`):
 results/<strategy>/model.pt loaded into the plain ResNet-18 (`build_model` with config.yaml's
-model.width and seed), with a few normalized test images as its input example."""
+model.width and seed), with a few normalized test images as its input example, and the run's
+final figures (metrics.json's, `results.headline`) to link to it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from torch import nn
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.errors import UserError, first_line
-from pipeline.results import CONFIG, MODEL, RERUN
+from pipeline.results import CONFIG, MODEL, RERUN, SUMMARY, RunSummary, headline
 from pipeline.tracking.mlflow_run import ModelSource
 from pipeline.training.model import build_model
 
@@ -49,6 +51,12 @@ def input_example(data_dir: Path = DATA_DIR, n: int = EXAMPLE_IMAGES) -> np.ndar
     return normalize(tensors["test_images"][:n]).numpy()
 
 
+def final_figures(out_dir: Path) -> dict[str, float]:
+    """metrics.json's figures, from summary.json (written first), those the run has."""
+    summary = RunSummary.from_json(json.loads((out_dir / SUMMARY).read_text()))
+    return {k: float(v) for k, v in headline(summary).items() if v is not None}
+
+
 def model_source(out_dir: Path, data_dir: Path = DATA_DIR) -> ModelSource:
     """What `Tracker.publish` and `publish_strategy` log as the run's MLflow model."""
-    return lambda: (plain_model(out_dir), input_example(data_dir))
+    return lambda: (plain_model(out_dir), input_example(data_dir), final_figures(out_dir))

@@ -88,7 +88,7 @@ class RunRecorder:
             "gpus": ",".join(gpus.values()) or "cpu",
             "batch_split": "+".join(map(str, run.batch_split)),
             "dvc_stage": f"train@{self.name}",
-            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/metrics.json calls it
+            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/summary.json calls it
             # the speed options as they applied (build.speed_features), for MLflow's filters
             **{f"speed.{k}": _tag(v) for k, v in self.training.features.items()},
             # MLflow's run description: what the comparison must be read with
@@ -111,10 +111,12 @@ class RunRecorder:
             self.key,
             fresh=self.fresh,
         )
-        tracker.publish(self.history)
         # a run resumed at its end trains nothing: no samples of it in the finished run
         interval = cfg.report.system_metrics_interval_s if len(self.history) < self.epochs else None
-        tracker.start_system_metrics(interval, gpu_uuids(gpus), resume=bool(self.history))
+        tracker.open_soon(
+            self.history,
+            lambda: tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history)),
+        )
         for note in self.notes:
             self.say(f"note: {note}")
         return tracker

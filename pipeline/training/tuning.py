@@ -5,7 +5,7 @@ A fresh run measures them here, after build.py applied the precision, channels_l
 compile (`Training.loop`), so the measurement times the forward the run trains with. The value
 and its notes go into `Progress.tuned`, which every checkpoint keeps (and, at once, tuned.json
 beside them, for a torchrun restart before the first checkpoint); a resumed run settles with
-them instead of measuring again, and says so in one line. So the notes, metrics.json and the
+them instead of measuring again, and says so in one line. So the notes, summary.json and the
 MLflow params (logged at the run's start, kept on a resume) all show the one value it trained
 with, and the run identity, which holds the param (`auto`), stays the same."""
 

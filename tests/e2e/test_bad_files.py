@@ -76,7 +76,7 @@ CASES = [
     ("train", "checkpoints/ddp/run.json", truncated, ["run.json: corrupt MLflow run record"]),
     ("train", "data/fashion-mnist/tensors.pt", truncated, ["tensors.pt: corrupt"]),
     # the compare stage's and publish's reads
-    ("compare", "results/ddp/metrics.json", truncated, ["metrics.json: not a metrics file"]),
+    ("compare", "results/ddp/summary.json", truncated, ["summary.json: not a run summary"]),
     ("compare", "results/ddp/history.csv", garbage, ["history.csv: not a history"]),
     ("compare", "checkpoints/ddp/run.json", garbage, ["run.json: corrupt MLflow run record"]),
     ("publish", "checkpoints/ddp/latest.json", garbage, ["latest.json: corrupt checkpoint"]),
@@ -86,7 +86,7 @@ CASES = [
 FIXES = {
     "checkpoints/ddp/run.json": "rm checkpoints/ddp/run.json",
     "data/fashion-mnist/tensors.pt": "dvc repro fetch",
-    "results/ddp/metrics.json": "python -m pipeline.train ddp",
+    "results/ddp/summary.json": "python -m pipeline.train ddp",
     "results/ddp/history.csv": "python -m pipeline.train ddp",
 }
 

@@ -12,7 +12,7 @@ from support import LEARNED, run
 
 def test_cli_run_with_auto_decides_once_and_restarts_reuse_it(fetched_project):
     """auto is decided at the run's start; two torchrun restarts (one before the first
-    checkpoint, one resuming epoch 2 from it) reuse it, saying so, and the notes, metrics.json
+    checkpoint, one resuming epoch 2 from it) reuse it, saying so, and the notes, summary.json
     and the MLflow run hold it once. On the CPU it is the even split, without profiling: the
     unit tests (test_tuning.py) count a fake profiler's calls."""
     project = fetched_project(data={"limit_train": 128, "limit_test": 64})  # 4 steps an epoch
@@ -30,7 +30,7 @@ def test_cli_run_with_auto_decides_once_and_restarts_reuse_it(fetched_project):
     assert "resuming at epoch 2 step 0" in proc.stdout
     reused = [line for line in proc.stdout.splitlines() if f"{CHOSEN_KEY}=null: reused" in line]
     assert len(reused) == 2 and "not measured again" in reused[0], proc.stdout
-    metrics = json.loads((project / "results/balanced_dp/metrics.json").read_text())
+    metrics = json.loads((project / "results/balanced_dp/summary.json").read_text())
     assert metrics["epochs"] == 2 and metrics["batch_split"] == [32]
     auto = [note for note in metrics["notes"] if note.startswith(f"{CHOSEN_KEY}=")]
     assert len(auto) == 1 and "auto on the CPU resolves to the even split" in auto[0]
@@ -60,7 +60,7 @@ def test_single_trains_with_the_options_combined(fetched_project):
         "train.momentum=0.9",
         "train.label_smoothing=0.1",
     )
-    metrics = json.loads((project / "results/single/metrics.json").read_text())
+    metrics = json.loads((project / "results/single/summary.json").read_text())
     # Measured 0.90 (AVX-512 kernels) and 1.00 (AVX2: ATEN_CPU_CAPABILITY=avx2
     # ONEDNN_MAX_CPU_ISA=AVX2) against the bound of 0.5. No augmentation here: the tests'
     # classes are bands at different heights, which a random crop moves by up to two classes'

@@ -34,7 +34,7 @@ def test_a_repeat_run_loads_every_graph_the_first_one_compiled(fetched_project):
     assert (where, loaded) == (str(cache), 0) and compiled == total > 0
     kernels = sorted(cache.rglob("*.so"))  # inductor's C++ kernels, built for the CPU
     assert kernels, f"no compiled kernels under {cache}"
-    features = json.loads((project / "results/single/metrics.json").read_text())["speed_features"]
+    features = json.loads((project / "results/single/summary.json").read_text())["speed_features"]
     assert features == {
         "precision": "fp32",
         "channels_last": False,

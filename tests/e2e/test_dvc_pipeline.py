@@ -24,16 +24,20 @@ def test_outputs_and_metrics(repro):
     project, _ = repro
     for name in ("single", "ddp"):
         out = project / "results" / name
-        metrics = json.loads((out / "metrics.json").read_text())
+        metrics = json.loads((out / "summary.json").read_text())
         assert metrics["epochs"] == 2 and metrics["strategy"] == name
         # measured 1.0 on AVX2 and AVX-512 kernels, bound 0.5 (support.LEARNED)
         assert metrics["test_acc"] >= LEARNED and metrics["samples_per_s"] > 0
         history = (out / "history.csv").read_text().splitlines()
         assert history[0].startswith("epoch,train_loss") and len(history) == 3
         assert (out / "model.pt").stat().st_size > 0
-    assert json.loads((project / "results/ddp/metrics.json").read_text())["world_size"] == 2
-    summary = json.loads((project / "reports/summary.json").read_text())
-    assert set(summary) == {"single", "ddp"}
+    assert json.loads((project / "results/ddp/summary.json").read_text())["world_size"] == 2
+    assert set(json.loads((project / "reports/comparison.json").read_text())) == {"single", "ddp"}
+    summary = json.loads((project / "reports/summary.json").read_text())  # the DVC metrics
+    assert {k: set(v) for k, v in summary.items()} == {
+        "acc": {"single", "ddp"},
+        "sps": {"single", "ddp"},
+    }
     table = (project / "reports/summary.md").read_text()
     assert "| single |" in table and "| ddp |" in table
     assert (project / "dvc.lock").exists()
@@ -195,7 +199,7 @@ def test_exp_run_with_a_changed_param_reruns_train_and_compare_only(repro):
     assert "Running stage 'fetch'" not in exp.stdout
     assert "Running stage 'train@single'" in exp.stdout
     assert "Running stage 'compare'" in exp.stdout
-    assert json.loads((project / "results/single/metrics.json").read_text())["epochs"] == 1
+    assert json.loads((project / "results/single/summary.json").read_text())["epochs"] == 1
     shown = dvc(project, "exp", "show", "--csv").stdout  # the table is cut to the terminal
     header, *rows = shown.splitlines()
     assert "train.epochs" in header and "test_acc" in header and len(rows) >= 2

@@ -1,7 +1,7 @@
 """Every reported number is the truth about the artifact it names, for every strategy, with real
 processes on the CPU:
 
-- the final test_acc and test_loss of metrics.json are those of results/<strategy>/model.pt,
+- the final test_acc and test_loss of summary.json are those of results/<strategy>/model.pt,
   loaded into a plain model and evaluated by `standalone_eval` below, which shares no code
   with the strategies or the training loop;
 - a change to a training module's behaviour retrains from scratch (the old checkpoint is
@@ -43,7 +43,7 @@ NAMES = list(strategies.NAMES)
 # torch.distributed.checkpoint, as ddp) and pipeline_parallel (a stage per process). ddp's
 # killed ranks are test_reliability's; every strategy's clean run is every_strategy's.
 ADVERSE = ["dp", "fsdp", "pipeline_parallel"]
-ARTIFACTS = {"metrics.json", "history.csv", "config.yaml", "model.pt"}
+ARTIFACTS = {"metrics.json", "summary.json", "history.csv", "config.yaml", "model.pt"}
 # Fashion-MNIST's pixel statistics, written out here rather than imported: the evaluation
 # below must not share code with what it checks
 MEAN, STD = 0.2860, 0.3530
@@ -84,10 +84,10 @@ def standalone_eval(project: Path, strategy: str) -> tuple[float, float]:
 
 def assert_metrics_are_the_models(project: Path, names: list[str] = NAMES) -> None:
     for name in names:
-        metrics = json.loads((project / f"results/{name}/metrics.json").read_text())
+        metrics = json.loads((project / f"results/{name}/summary.json").read_text())
         loss, acc = standalone_eval(project, name)
         print(
-            f"{name}: metrics.json test_loss {metrics['test_loss']:.7f} test_acc "
+            f"{name}: summary.json test_loss {metrics['test_loss']:.7f} test_acc "
             f"{metrics['test_acc']:.4f}; model.pt {loss:.7f} {acc:.4f}"
         )
         assert abs(metrics["test_loss"] - loss) <= 1e-6, name
@@ -112,7 +112,7 @@ def assert_mlflow_matches_files(project: Path, uri: str, names: list[str] = NAME
     client = MlflowClient(tracking_uri=uri)
     for name in names:
         out = project / "results" / name
-        metrics = json.loads((out / "metrics.json").read_text())
+        metrics = json.loads((out / "summary.json").read_text())
         # run.json: the run of these results (the same fingerprint) in this store
         record = json.loads((project / f"checkpoints/{name}/run.json").read_text())
         assert record["fingerprint"] == metrics["fingerprint"] and record["tracking_uri"] == uri

@@ -76,7 +76,7 @@ def test_off_a_terminal_log_lines_step_metrics_and_a_growing_history(fetched_pro
     assert code == 0, out[-4000:]
     lines = re.findall(
         r"^train\[ddp\] epoch (\d)/2 step (\d+)/16: loss \d+\.\d{4} \d+ samples/s "
-        r"ETA \d+:\d\d memory cpu0 \d+ MiB RSS$",
+        r"ETA \d+:\d\d memory cpu_0 \d+ MiB RSS$",
         out,
         re.MULTILINE,
     )

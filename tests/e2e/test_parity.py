@@ -95,7 +95,7 @@ FP64_BOUND = 1e-9
 @dataclass
 class Trained:
     state: dict  # results/<strategy>/model.pt
-    metrics: dict  # results/<strategy>/metrics.json
+    metrics: dict  # results/<strategy>/summary.json
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def trained(fetched_template) -> dict[str, dict[str, Trained]]:
             )
             results = project / "results" / strategy
             out[label] = Trained(
-                torch.load(results / "model.pt"), json.loads((results / "metrics.json").read_text())
+                torch.load(results / "model.pt"), json.loads((results / "summary.json").read_text())
             )
         return out
 

@@ -45,7 +45,7 @@ def mlflow_runs(uri: str, experiment: str = "tests"):
 
 def final_state(project):
     model = torch.load(project / "results/ddp/model.pt", weights_only=True)
-    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    metrics = json.loads((project / "results/ddp/summary.json").read_text())
     history = [
         line.split(",")[:5]
         for line in (project / "results/ddp/history.csv").read_text().splitlines()
@@ -257,7 +257,7 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     assert stopped.info.status == "KILLED"  # stopped, to be resumed
     resumed = dvc(project, "repro", timeout=400)
     assert f"resuming at epoch 2 step {stop_step}" in resumed.stdout
-    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    metrics = json.loads((project / "results/ddp/summary.json").read_text())
     assert metrics["epochs"] == 3
     (run_,) = mlflow_runs(uri)[1]  # the same run, resumed and finished
     assert run_.info.run_id == stopped.info.run_id and run_.info.status == "FINISHED"
@@ -283,7 +283,7 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     reference = make_project(tmp_path / "reference", tiny_params(http_mirror, **slow))
     shutil.copytree(project / "data", reference / "data")
     run(reference, "python", "-m", "pipeline.train", "ddp", timeout=400)
-    ref = json.loads((reference / "results/ddp/metrics.json").read_text())
+    ref = json.loads((reference / "results/ddp/summary.json").read_text())
     assert {k: metrics[k] for k in METRICS} == {k: ref[k] for k in METRICS}
 
 
@@ -348,7 +348,7 @@ def test_a_run_whose_only_epoch_was_resumed_mid_way_has_no_speed_and_keeps_its_t
     resumed = run(project, *train, MLFLOW_TRACKING_URI=uri)
     assert "resuming at epoch 1 step 3" in resumed.stdout
     assert "(warm-up) (resumed at step 3)" in resumed.stdout
-    metrics = json.loads((project / "results/single/metrics.json").read_text())
+    metrics = json.loads((project / "results/single/summary.json").read_text())
     speed = ("warmup_epoch_seconds", "steady_epoch_seconds", "steady_samples_per_s")
     assert [metrics[k] for k in speed] == [None, None, None]
     assert metrics["steady_basis"] == "none"

@@ -19,12 +19,22 @@ from PIL import Image
 
 from pipeline import strategies
 from pipeline.reporting import table
+from pipeline.reporting.answer import OBJECTIVE_ALIASES as ALIASES
 from pipeline.reporting.compare import CHILD_METRICS
 from pipeline.reporting.plots import PLOTS
 from support import IMAGE, LEARNED, dvc
 from support import run as run_in
 
 OBJECTIVES = ["fastest_to_target", "throughput", "peak_memory", "memory_balance"]
+# results/<strategy>/metrics.json: every strategy's DVC metrics, the same keys
+HEADLINE = {
+    "test_acc",
+    "best_test_acc",
+    "steady_epoch_seconds",
+    "steady_samples_per_s",
+    "total_seconds",
+    "peak_memory_mib",
+}
 
 PROVENANCE_TAGS = {
     "git_commit",
@@ -48,30 +58,59 @@ def project(every_strategy):
 
 def test_every_strategy_learned(project):
     """Chance is 0.1; the tiny run reaches about 1.0 on the synthetic data."""
-    summary = json.loads((project / "reports/summary.json").read_text())
+    summary = json.loads((project / "reports/comparison.json").read_text())
     for name, row in summary.items():
         # every strategy measured 1.0 on AVX2 and AVX-512 kernels, bound 0.5
         assert row["test_acc"] >= LEARNED, (name, row["test_acc"])
         assert row["epoch_to_target"] is not None, name
 
 
-def test_summary_json_has_every_column_for_every_strategy(project):
-    summary = json.loads((project / "reports/summary.json").read_text())
+def test_comparison_json_has_every_column_for_every_strategy(project):
+    summary = json.loads((project / "reports/comparison.json").read_text())
     assert list(summary) == list(strategies.NAMES)
     keys = {k for k, _, _ in table.columns(LEARNED, "cpu")} - {"strategy"}
     for name, row in summary.items():
         assert keys | {"cpu0_share", "epoch_to_target", "mlflow_run_id"} <= set(row), name
-        assert row["memory_kind"] == "cpu" and row["peak_memory_mib"]["cpu0"] > 50
+        assert row["memory_kind"] == "cpu" and row["peak_memory_mib"]["cpu_0"] > 50
+        # two epochs: how far the peak moved between them, the memory rankings' noise
+        assert row["peak_memory_spread_mib"] >= 0 and row["mem_imbalance_spread"] >= 0
         # on the CPU evaluation's peak cannot be told apart from training's heap: none shown
         assert row["eval_peak_memory_mib"] == "not separable on CPU"
         assert row["eval_mem_imbalance"] is None and "eval_cpu0_share" not in row
         assert row["time_to_target_s"] > 0 and row["steady_samples_per_s"] > 0
     assert summary["single"]["speedup_vs_single"] == 1.0
-    assert set(summary["ddp"]["peak_memory_mib"]) == {"cpu0", "cpu1"}
-    for name in strategies.NAMES:  # the table's peak is the training one of metrics.json
-        result = json.loads((project / f"results/{name}/metrics.json").read_text())
+    assert set(summary["ddp"]["peak_memory_mib"]) == {"cpu_0", "cpu_1"}
+    for name in strategies.NAMES:  # the table's peak is the training one of summary.json
+        result = json.loads((project / f"results/{name}/summary.json").read_text())
         assert summary[name]["peak_memory_mib"] == result["peak_memory_mib"], name
         assert summary[name]["eval_peak_memory_mib"] == result["eval_peak_memory_mib"], name
+
+
+def test_dvc_metrics_are_a_few_numbers_a_strategy(project):
+    """Issue 33: `dvc metrics show` held 216 values for 6 strategies. Now each strategy's
+    metrics.json has the numbers a person compares, the same keys for every strategy, and
+    reports/summary.json its accuracy and throughput: 8 a strategy."""
+    shown = json.loads(dvc(project, "metrics", "show", "--json").stdout)
+    files = shown["workspace"]["data"] if "workspace" in shown else shown[next(iter(shown))]
+    files = files.get("data", files)
+    counts = dict.fromkeys(strategies.NAMES, 0)
+    for path, entry in files.items():
+        data = entry["data"]
+        if path == "reports/summary.json":
+            assert set(data) == {"acc", "sps"}
+            for values in data.values():
+                for name, value in values.items():
+                    counts[name] += isinstance(value, (int, float))
+            continue
+        name = path.split("/")[1]
+        assert set(data) == set(HEADLINE), path
+        assert all(isinstance(v, (int, float)) for v in data.values()), path
+        counts[name] += len(data)
+        detail = json.loads((project / f"results/{name}/summary.json").read_text())
+        assert data["test_acc"] == detail["test_acc"] and data["peak_memory_mib"] == max(
+            detail["peak_memory_mib"].values()
+        )
+    assert counts == dict.fromkeys(strategies.NAMES, 8)
 
 
 def test_pngs_are_real_plots(project):
@@ -92,9 +131,11 @@ def test_html_page_is_self_contained(project):
     (link,) = map(html.unescape, re.findall(r'href="([^"]+)"', page))
     assert link.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[") and "experiments=" in link
     assert link.endswith("&workflowType=machine_learning")  # MLflow's training view
+    assert (project / "reports/mlflow_url.txt").read_text() == link + "\n"  # and in a file
     for name in strategies.NAMES:
         assert f"<td>{name}</td>" in page
-    assert "training peak RSS (CPU)" in page and "eval peak RSS (CPU)" in page
+    assert "training peak RSS MiB (busiest process, CPU)" in page
+    assert "<th>training peak RSS MiB</th><th>eval peak RSS MiB</th>" in page  # per device
     assert "<td>not separable on CPU</td>" in page
     assert "evaluation's peak is not separable on CPU" in html.unescape(page)
     assert "Evaluation: ddp and fsdp ranks each evaluate their strided share" in page
@@ -113,7 +154,7 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
     assert PROVENANCE_TAGS <= set(parent.data.tags)
     assert set(runs) == set(strategies.NAMES)
     for name, run in runs.items():
-        result = json.loads((project / f"results/{name}/metrics.json").read_text())
+        result = json.loads((project / f"results/{name}/summary.json").read_text())
         assert run.data.tags["parallel_lab_fingerprint"] == result["fingerprint"]
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert PROVENANCE_TAGS | {"gpu_names"} <= set(run.data.tags), name
@@ -123,7 +164,7 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
             "test_acc",
             "epoch_seconds",
             "samples_per_s",
-            "cpu0/peak_rss_mib",
+            "memory/cpu_0_peak_rss_mib",  # as MLflow's own system/... metrics name devices
             "mem_imbalance",
             "cpu0_share",
             "warmup",
@@ -135,7 +176,7 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
         assert not [k for k in keys if "eval_" in k], name
         assert "evaluation's peak is not separable on CPU" in run.data.tags["mlflow.note.content"]
         assert [
-            m.step for m in client.get_metric_history(run.info.run_id, "cpu0/peak_rss_mib")
+            m.step for m in client.get_metric_history(run.info.run_id, "memory/cpu_0_peak_rss_mib")
         ] == [1, 2]
         marks = client.get_metric_history(run.info.run_id, "warmup")
         assert [(m.step, m.value) for m in marks] == [(1, 1.0), (2, 0.0)], name
@@ -143,12 +184,25 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
 
 
 def test_dvc_plots_and_metrics_show_the_comparison(project):
+    """Accuracy, training loss and samples/s by epoch are DVC data plots, a line per
+    strategy (so `dvc plots diff` sets experiments side by side); the report's PNGs too."""
     shown = json.loads(dvc(project, "plots", "show", "--json").stdout)
     assert not shown.get("errors"), shown.get("errors")
-    (chart,) = shown["data"]["test accuracy per strategy"]
-    assert {d["field"] for d in chart["content"]["data"]["values"]} == set(strategies.NAMES)
+    for title, field in (
+        ("test accuracy per strategy", "test_acc"),
+        ("training loss per strategy", "train_loss"),
+        ("samples per second per strategy", "samples_per_s"),
+    ):
+        (chart,) = shown["data"][title]
+        values = chart["content"]["data"]["values"]
+        assert {d["field"] for d in values} == set(strategies.NAMES), title
+        ddp = {int(d["epoch"]): float(d[d["field"]]) for d in values if d["field"] == "ddp"}
+        history = (project / "results/ddp/history.csv").read_text().splitlines()
+        column = history[0].split(",").index(field)
+        expected = {i + 1: float(row.split(",")[column]) for i, row in enumerate(history[1:])}
+        assert ddp == pytest.approx(expected, rel=1e-5), title
     assert all(f"reports/{n}" in shown["data"] for n in PLOTS)
-    assert "speedup_vs_single" in dvc(project, "metrics", "show").stdout
+    assert "acc.ddp" in dvc(project, "exp", "show", "--md").stdout  # the short columns
 
 
 def test_the_report_opens_with_the_recommendation(project):
@@ -158,14 +212,14 @@ def test_the_report_opens_with_the_recommendation(project):
         '<h1>parallel-lab: which strategy for this hardware</h1>\n<section class="answer">\n'
         "<h2>Which strategy on this hardware: the CPU (up to 2 processes)</h2>"
     )
-    assert body.index("</section>") < body.index("<table>")
+    assert body.index("</section>") < body.index("<table")
     markdown = (project / "reports/summary.md").read_text()
     assert markdown.startswith(
         "# parallel-lab: which strategy for this hardware\n\n"
         "## Which strategy on this hardware: the CPU (up to 2 processes)\n\n- **Fastest to "
     )
     answer = json.loads((project / "reports/recommendation.json").read_text())
-    summary = json.loads((project / "reports/summary.json").read_text())
+    summary = json.loads((project / "reports/comparison.json").read_text())
     assert list(answer["objectives"]) == OBJECTIVES
     fastest = min(summary, key=lambda n: summary[n]["time_to_target_s"])
     assert fastest in answer["objectives"]["fastest_to_target"]["strategies"]
@@ -207,7 +261,10 @@ def test_the_compare_output_opens_with_the_recommendation(project, tmp_path):
     out = run_in(copy, "python", "-m", "pipeline.compare", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
     assert out.stdout.startswith("## Which strategy on this hardware: the CPU")
     assert "MLflow model: not registered (MLflow unreachable)" in out.stdout
-    assert out.stdout.index("- **Highest throughput: ") < out.stdout.index("| strategy |")
+    assert out.stdout.index("- **Highest throughput: ") < out.stdout.index("\nstrategy  ")
+    assert max(len(line) for line in out.stdout.splitlines()) <= 120  # issue 33: up to 362
+    # the reachable run's stdout named the file that holds the link instead of printing it
+    assert (copy / "reports/mlflow_url.txt").read_text().startswith("MLflow was unreachable")
 
 
 def test_the_recommended_model_is_logged_registered_and_scores_as_reported(project, monkeypatch):
@@ -220,19 +277,37 @@ def test_the_recommended_model_is_logged_registered_and_scores_as_reported(proje
     name = answer["objectives"]["throughput"]["strategies"][0]
     record = json.loads((project / f"checkpoints/{name}/run.json").read_text())
     assert registered["strategy"] == name and registered["run_id"] == record["run_id"]
-    assert registered["uri"] == f"models:/tests/{registered['version']}"
+    assert registered["uri"] == "models:/tests@recommended"  # MLflow's aliases, not stages
+    assert registered["aliases"]["recommended"]["version"] == registered["version"]
     markdown = (project / "reports/summary.md").read_text()
     assert f'mlflow.pytorch.load_model("{registered["uri"]}")' in markdown
     version = client.get_model_version("tests", registered["version"])
     assert version.run_id == record["run_id"]
+    assert client.get_model_version_by_alias("tests", "recommended").version == version.version
+    for objective, alias in ALIASES.items():  # each objective's pick, a version of its run
+        picked = answer["objectives"][objective]["strategies"]
+        if not picked:
+            continue
+        run_id = json.loads((project / f"checkpoints/{picked[0]}/run.json").read_text())["run_id"]
+        assert client.get_model_version_by_alias("tests", alias).run_id == run_id, alias
     assert version.source == client.get_logged_model(record["model_id"]).model_uri
-    # every strategy's run holds its final model, once
+    # every strategy's run holds its final model, once, its final figures logged against it
     for strategy in strategies.NAMES:
         run_id = json.loads((project / f"checkpoints/{strategy}/run.json").read_text())["run_id"]
         logged = client.search_logged_models([experiment], f"source_run_id = '{run_id}'")
         assert [m.name for m in logged] == ["model"], strategy
+        figures = json.loads((project / f"results/{strategy}/metrics.json").read_text())
+        # (MLflow links the system metrics sampled after the model was logged to it too)
+        linked = {m.key: m.value for m in logged[0].metrics if m.key.startswith("final/")}
+        assert linked == {f"final/{k}": v for k, v in figures.items()}, strategy
+    # so MLflow's logged-model view ranks them: by throughput, the recommended one first
+    ranked = client.search_logged_models(
+        [experiment],
+        order_by=[{"field_name": "metrics.final/steady_samples_per_s", "ascending": False}],
+    )
+    assert ranked[0].source_run_id == record["run_id"]
     reported = json.loads((project / f"results/{name}/metrics.json").read_text())["test_acc"]
-    for model_uri in (f"runs:/{record['run_id']}/model", registered["uri"]):
+    for model_uri in (f"runs:/{record['run_id']}/model", "models:/tests@recommended"):
         model = mlflow.pytorch.load_model(model_uri)
         assert abs(accuracy(project, name, model) - reported) <= 1e-6, model_uri
 

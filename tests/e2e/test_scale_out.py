@@ -154,7 +154,7 @@ def two_node_project(tmp_path_factory, http_mirror):
         timeout=NODE_TIMEOUT,
     )
     reference = model_of(project)
-    assert json.loads((project / "results/ddp/metrics.json").read_text())["world_size"] == 2
+    assert json.loads((project / "results/ddp/summary.json").read_text())["world_size"] == 2
     return project, reference
 
 
@@ -260,7 +260,7 @@ def test_an_elastic_job_that_loses_a_node_carries_on_with_fewer_processes(
     survivor = nodes.log(0)
     assert code == 0, survivor[-6000:]
     assert "resuming at epoch 2 step 0" in survivor and "resharded over 1" in survivor
-    metrics = json.loads((project / "results/ddp/metrics.json").read_text())
+    metrics = json.loads((project / "results/ddp/summary.json").read_text())
     assert metrics["world_size"] == 1
     assert any(n.startswith("world size 2 -> 1 at epoch 2 step 0") for n in metrics["notes"])
     # fp64: SyncBN over 2 processes of 16 samples or 1 of 32 is the same sum, rounded

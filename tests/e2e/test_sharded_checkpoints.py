@@ -52,7 +52,7 @@ def train(project, name, *overrides, db, keep=False, **env):
         **env,
     )
     model = torch.load(project / f"results/{name}/model.pt", weights_only=True)
-    metrics = json.loads((project / f"results/{name}/metrics.json").read_text())
+    metrics = json.loads((project / f"results/{name}/summary.json").read_text())
     return proc, model, {k: metrics[k] for k in METRICS}
 
 
@@ -153,7 +153,7 @@ def test_fsdp_resumes_its_own_checkpoint_at_another_world_size(project, tmp_path
         "resuming at epoch 3 step 0 from checkpoints/fsdp (saved by 2 process(es), "
         "resharded over 3)" in proc.stdout
     ), proc.stdout
-    notes = json.loads((project / "results/fsdp/metrics.json").read_text())["notes"]
+    notes = json.loads((project / "results/fsdp/summary.json").read_text())["notes"]
     assert any(n.startswith("world size 2 -> 3 at epoch 3 step 0") for n in notes), notes
     assert model.keys() == reference.keys()
     diff = max((model[k] - reference[k]).abs().max().item() for k in reference)

@@ -44,9 +44,9 @@ def rows_of(runs: list[RunSummary], target: float | None = TARGET) -> list[dict]
     return table.comparison_rows(runs, hist, target)
 
 
-SINGLE = run("single", ["cuda:0"], 10.0, 0.90, {"gpu0": 100.0})
-DP = run("dp", ["cuda:0", "cuda:1"], 6.6, 0.885, {"gpu0": 90.0, "gpu1": 50.0})
-DDP = run("ddp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 60.0, "gpu1": 60.0})
+SINGLE = run("single", ["cuda:0"], 10.0, 0.90, {"gpu_0": 100.0})
+DP = run("dp", ["cuda:0", "cuda:1"], 6.6, 0.885, {"gpu_0": 90.0, "gpu_1": 50.0})
+DDP = run("ddp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu_0": 60.0, "gpu_1": 60.0})
 
 
 def by_objective(a: answer.Answer) -> dict[str, answer.Recommendation]:
@@ -55,7 +55,7 @@ def by_objective(a: answer.Answer) -> dict[str, answer.Recommendation]:
 
 def test_each_objective_recommends_with_its_reasons_in_numbers():
     a = answer.recommend(rows_of([SINGLE, DP, DDP]), TARGET)
-    assert a.hardware == "2 GPUs (gpu0, gpu1)"
+    assert a.hardware == "2 GPUs (gpu_0, gpu_1)"
     rec = by_objective(a)
     assert list(rec) == ["fastest_to_target", "throughput", "peak_memory", "memory_balance"]
     assert all(r.strategies == ("ddp",) for r in a.recommendations)
@@ -74,13 +74,13 @@ def test_each_objective_recommends_with_its_reasons_in_numbers():
     # single ran on one device: nothing to balance, so it is out of that objective
     balance = rec["memory_balance"]
     assert balance.reasons[0].startswith("ddp: its busiest GPU peaks at 1.00x the mean over")
-    assert "(gpu0 60, gpu1 60 MiB); the next best: dp 1.29 over 2 GPUs" in balance.reasons[0]
+    assert "(gpu_0 60, gpu_1 60 MiB); the next best: dp 1.29 over 2 GPUs" in balance.reasons[0]
     assert balance.reasons[-1] == "one device, nothing to balance: single"
     assert a.choice() == ("throughput", "ddp")
 
 
 def test_a_tie_recommends_every_tied_strategy():
-    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 60.4, "gpu1": 59.6})
+    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu_0": 60.4, "gpu_1": 59.6})
     rec = by_objective(answer.recommend(rows_of([SINGLE, DDP, fsdp]), TARGET))
     assert rec["throughput"].strategies == ("ddp", "fsdp")
     assert rec["throughput"].reasons[0] == (
@@ -91,7 +91,9 @@ def test_a_tie_recommends_every_tied_strategy():
     assert rec["peak_memory"].strategies == ("ddp", "fsdp")
     assert rec["memory_balance"].strategies == ("ddp",)  # 1.00 and 1.01 read apart
     # three-way: the exact figures' best first, named as a list
-    slower = run("pipeline_parallel", ["cuda:0", "cuda:1"], 4.001, 0.88, {"gpu0": 9.0, "gpu1": 9.0})
+    slower = run(
+        "pipeline_parallel", ["cuda:0", "cuda:1"], 4.001, 0.88, {"gpu_0": 9.0, "gpu_1": 9.0}
+    )
     three = by_objective(answer.recommend(rows_of([SINGLE, slower, DDP, fsdp]), TARGET))
     assert three["throughput"].strategies == ("ddp", "fsdp", "pipeline_parallel")
     assert three["throughput"].reasons[0].startswith("ddp, fsdp and pipeline_parallel tie (")
@@ -102,10 +104,48 @@ def test_a_tie_recommends_every_tied_strategy():
 
 
 def test_figures_that_read_apart_are_no_tie():
-    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 62.0, "gpu1": 58.0})
+    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu_0": 62.0, "gpu_1": 58.0})
     rec = by_objective(answer.recommend(rows_of([DDP, fsdp]), TARGET))
     assert rec["peak_memory"].strategies == ("ddp",)
     assert rec["memory_balance"].strategies == ("ddp",)  # 1.00 vs 1.03
+
+
+def test_memory_rankings_call_a_difference_within_the_spread_a_tie():
+    """Issue 33: "pipeline_parallel, 0.97x single" was a win with no spread measured. A
+    difference within the larger of two strategies' epoch-to-epoch spreads is a tie; one
+    beyond it is a win; with no spread measured the answer says the difference is untested."""
+    pp = run("pipeline_parallel", ["cuda:0", "cuda:1"], 5.0, 0.88, {"gpu_0": 97.0, "gpu_1": 97.0})
+    rows = rows_of([SINGLE, pp])
+    untested = by_objective(answer.recommend(rows, TARGET))["peak_memory"]
+    assert untested.strategies == ("pipeline_parallel",)
+    assert untested.reasons[-1] == (
+        "no epoch-to-epoch spread measured (it takes 2 or more epochs): the differences are "
+        "not tested against noise"
+    )
+    for row, spread in zip(rows, (4.0, 1.0)):  # single's peak moved 4 MiB between epochs
+        row["peak_memory_spread_mib"] = spread
+    tied = by_objective(answer.recommend(rows, TARGET))["peak_memory"]
+    assert tied.strategies == ("pipeline_parallel", "single")  # the lower figure first
+    assert tied.reasons[0] == (
+        "pipeline_parallel and single tie within the spread (pipeline_parallel 97 MiB (gpu_0); "
+        "single 100 MiB (gpu_0))"
+    )
+    assert tied.reasons[-1] == (
+        "epoch-to-epoch spread (a difference within it is a tie): pipeline_parallel 1 MiB, "
+        "single 4 MiB"
+    )
+    rows[0]["peak_memory_spread_mib"] = 2.0  # 3 MiB apart, beyond both spreads: a win
+    assert by_objective(answer.recommend(rows, TARGET))["peak_memory"].reasons[0] == (
+        "pipeline_parallel: 0.97x single's training peak on the busiest GPU (97 vs 100 MiB)"
+    )
+    # the imbalance likewise, with its own spread
+    dp, ddp = rows_of([DP, DDP])  # imbalance 1.29 and 1.00
+    dp["mem_imbalance_spread"], ddp["mem_imbalance_spread"] = 0.3, 0.01
+    balance = by_objective(answer.recommend([dp, ddp], TARGET))["memory_balance"]
+    assert balance.strategies == ("ddp", "dp")
+    assert balance.reasons[-1] == (
+        "epoch-to-epoch spread (a difference within it is a tie): ddp 0.010, dp 0.300"
+    )
 
 
 def test_missing_figures_leave_a_strategy_out_and_say_so():
@@ -132,11 +172,11 @@ def test_a_single_strategy_is_the_answer_and_says_it_is_alone():
     )
     assert "Here: not measured (dp did not run)." in a.notes_claim
     assert a.choice() == ("throughput", "single")
-    assert a.hardware == "1 GPU (gpu0)"
+    assert a.hardware == "1 GPU (gpu_0)"
 
 
 def test_single_winning_is_compared_with_the_next_best():
-    slow = run("ddp", ["cuda:0", "cuda:1"], 12.5, 0.88, {"gpu0": 120.0, "gpu1": 120.0})
+    slow = run("ddp", ["cuda:0", "cuda:1"], 12.5, 0.88, {"gpu_0": 120.0, "gpu_1": 120.0})
     rec = by_objective(answer.recommend(rows_of([SINGLE, slow]), TARGET))
     assert rec["throughput"].reasons[0] == (
         "single: 1.25x ddp's steady samples/s (640 vs 512 samples/s) (the next best)"
@@ -169,7 +209,7 @@ def test_no_target_set():
 
 
 def test_without_single_the_next_best_is_the_reference():
-    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 5.0, 0.86, {"gpu0": 50.0, "gpu1": 50.0})
+    fsdp = run("fsdp", ["cuda:0", "cuda:1"], 5.0, 0.86, {"gpu_0": 50.0, "gpu_1": 50.0})
     a = answer.recommend(rows_of([DDP, fsdp]), TARGET)
     rec = by_objective(a)
     assert rec["throughput"].reasons[0] == (
@@ -243,9 +283,9 @@ def test_the_notes_claim_beside_what_was_measured():
     assert a.notes_measured["speedup"] == pytest.approx(10.0 / 6.6)
     assert (a.notes_measured["dp_devices"], a.notes_measured["single_devices"]) == (2, 1)
     cpu = [
-        run("single", ["cpu"], 3.0, 0.9, {"cpu0": 500.0}, kind="cpu"),
-        run("dp", ["cpu"], 3.3, 0.9, {"cpu0": 520.0}, kind="cpu"),
-        run("ddp", ["cpu", "cpu"], 2.0, 0.9, {"cpu0": 500.0, "cpu1": 480.0}, kind="cpu"),
+        run("single", ["cpu"], 3.0, 0.9, {"cpu_0": 500.0}, kind="cpu"),
+        run("dp", ["cpu"], 3.3, 0.9, {"cpu_0": 520.0}, kind="cpu"),
+        run("ddp", ["cpu", "cpu"], 2.0, 0.9, {"cpu_0": 500.0, "cpu_1": 480.0}, kind="cpu"),
     ]
     a = answer.recommend(rows_of(cpu), TARGET)
     assert a.hardware == "the CPU (up to 2 processes)"
@@ -254,7 +294,7 @@ def test_the_notes_claim_beside_what_was_measured():
     assert balance.reasons[0].startswith("ddp: its busiest process peaks at 1.02x the mean")
 
 
-def registration(version: str | None) -> Registration:
+def registration(version: str | None, aliases: bool = False) -> Registration:
     return Registration(
         "parallel-lab",
         "ddp",
@@ -262,19 +302,30 @@ def registration(version: str | None) -> Registration:
         "abc123",
         version=version,
         why_not="" if version else "MLflow unreachable",
+        aliases={"recommended": ("3", "ddp"), "least-memory": ("4", "single")} if aliases else {},
     )
 
 
 def test_the_answer_as_markdown_html_and_json():
     a = answer.recommend(rows_of([SINGLE, DP, DDP]), TARGET)
     text = answer.markdown(a, registration("3"))
-    assert text.startswith("## Which strategy on this hardware: 2 GPUs (gpu0, gpu1)\n\n")
+    assert text.startswith("## Which strategy on this hardware: 2 GPUs (gpu_0, gpu_1)\n\n")
     assert "- **Highest throughput: ddp**\n  - ddp: 2.50x single's steady samples/s" in text
     assert (
         "MLflow model: ddp's (highest throughput) registered as parallel-lab version 3 (run "
         'abc123); load it with `mlflow.pytorch.load_model("models:/parallel-lab/3")`'
     ) in text
     assert "not registered (MLflow unreachable)" in answer.markdown(a, registration(None))
+    # with its aliases: loaded through the alias, each objective's own pick named
+    assert (
+        "registered as parallel-lab version 3 (run abc123); load it with `mlflow.pytorch."
+        'load_model("models:/parallel-lab@recommended")`. Per objective: `@least-memory` '
+        "single's (version 4)"
+    ) in answer.markdown(a, registration("3", aliases=True))
+    assert answer.to_json(a, registration("3", aliases=True))["registered_model"]["aliases"] == {
+        "recommended": {"version": "3", "strategy": "ddp"},
+        "least-memory": {"version": "4", "strategy": "single"},
+    }
     page = answer.html_section(a, registration("3"))
     assert page.startswith('<section class="answer">')
     assert "<b>Highest throughput:</b> <span class=pick>ddp</span>" in page
@@ -303,7 +354,7 @@ def test_the_pages_open_with_the_answer(tmp_path: Path):
     page = html_page(rows, TARGET, None, tmp_path, a, registration("3"))
     body = page.split("<body>\n", 1)[1]
     assert body.startswith("<h1>parallel-lab: which strategy for this hardware</h1>\n")
-    assert body.index('<section class="answer">') < body.index("<table>")
+    assert body.index('<section class="answer">') < body.index("<table")
 
 
 def test_a_run_without_a_steady_epoch_is_not_ranked_on_speed_and_says_why(tmp_path: Path):
@@ -343,6 +394,8 @@ def test_a_run_without_a_steady_epoch_is_not_ranked_on_speed_and_says_why(tmp_pa
     assert throughput.reasons == (
         "ddp: 2.00x dp's steady samples/s (32 vs 16 samples/s) (the next best)",
         "including warm-up (no epoch free of it): dp, ddp",
+        "no epoch-to-epoch spread measured (it takes 2 or more steady epochs): the differences "
+        "are not tested against noise",
         f"no steady figure, not ranked: single ({note})",
     )
     claim = answer.recommend(rows, TARGET).notes_claim

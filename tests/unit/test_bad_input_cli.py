@@ -256,4 +256,4 @@ def test_compare_without_results(project):
         line = refused(project, "pipeline.compare")
     finally:
         shutil.move(project / "single-aside", results / "single")
-    assert "results/single/metrics.json: not found" in line and "train@single" in line
+    assert "results/single/summary.json: not found" in line and "train@single" in line

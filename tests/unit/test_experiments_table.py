@@ -9,7 +9,7 @@ def fake_show() -> list[dict]:
     def rev(lr, strategies=None):
         metrics = {
             f"results/{s}/metrics.json": {
-                "data": {"test_acc": acc, "world_size": w, "best_test_acc": acc}
+                "data": {"test_acc": acc, "peak_memory_mib": w, "best_test_acc": acc}
             }
             for s, (acc, w) in (strategies or {}).items()
         }
@@ -70,5 +70,5 @@ def test_experiments_table_has_a_row_per_experiment_and_strategy():
     assert columns == ["train.batch_size", "train.lr", "train.epochs"]
     assert without == ["exp-c (failed)"]
     table = markdown(rows, columns, without)
-    assert "| exp-a | ddp | 256 | 0.2 | 2 | 2 | 0.6000 | 0.6000 |" in table
+    assert "| exp-a | ddp | 256 | 0.2 | 2 | 0.6000 | 0.6000 | — | — | — | 2 |" in table
     assert "exp-c (failed)" in table

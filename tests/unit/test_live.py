@@ -16,7 +16,7 @@ from pipeline.training.live import LiveProgress, LiveSettings
 
 LINE = re.compile(
     r"^train\[ddp\] epoch (\d+)/2 step (\d+)/5: loss (\S+) (\S+) samples/s ETA (\S+) "
-    r"memory cpu0 312 MiB RSS$"
+    r"memory cpu_0 312 MiB RSS$"
 )
 
 
@@ -52,15 +52,15 @@ def test_clock(seconds, text):
 
 
 def test_the_log_line_names_epoch_step_loss_rate_eta_and_each_devices_memory():
-    gpus = [DevicePeak("gpu3", 1234.4, 2048.0), DevicePeak("gpu5", 1198.0, 1500.0)]
+    gpus = [DevicePeak("gpu_3", 1234.4, 2048.0), DevicePeak("gpu_5", 1198.0, 1500.0)]
     line = live.progress_line("dp", 2, 10, 80, 234, 0.53214, 5120.4, 95.0, gpus)
     assert line == (
         "train[dp] epoch 2/10 step 80/234: loss 0.5321 5120 samples/s ETA 1:35 "
-        "memory gpu3 1234 MiB gpu5 1198 MiB"
+        "memory gpu_3 1234 MiB gpu_5 1198 MiB"
     )
-    cpu = [DevicePeak("cpu0", 312.2, None)]
+    cpu = [DevicePeak("cpu_0", 312.2, None)]
     assert live.progress_line("single", 1, 1, 1, 5, None, None, None, cpu).endswith(
-        "loss ? ? samples/s ETA ? memory cpu0 312 MiB RSS"
+        "loss ? ? samples/s ETA ? memory cpu_0 312 MiB RSS"
     )
 
 
@@ -89,7 +89,7 @@ class Epochs:
             2,
             8,
             lambda step, metrics, ms: self.points.append((step, metrics, ms)),
-            lambda: [DevicePeak("cpu0", 312.0, None)],
+            lambda: [DevicePeak("cpu_0", 312.0, None)],
         )
         self.totals = torch.zeros(3, dtype=torch.float64)
 

@@ -53,6 +53,18 @@ def test_gpu_check_runs_the_script_on_the_DEVICE_asked_for():
         assert f"-m benchmarks.gpu_check --device {device}" in proc.stdout, proc.stdout
 
 
+def test_compose_creates_env_and_runs_the_pipeline_service_with_its_exit_code():
+    gpu = make("-n", "compose").stdout.splitlines()
+    assert gpu == [
+        "test -f .env || cp .env.example .env",
+        "docker compose up --build --exit-code-from pipeline pipeline",
+    ]
+    cpu = make("-n", "compose", "DEVICE=cpu").stdout.splitlines()
+    assert cpu[-1] == (
+        "docker compose --profile cpu up --build --exit-code-from pipeline-cpu pipeline-cpu"
+    )
+
+
 def test_an_old_python_is_refused_in_one_line_before_any_install(tmp_path):
     """A python3 that reports 3.10 (the real interpreter with its version_info replaced)."""
     bin_dir = tmp_path / "bin"

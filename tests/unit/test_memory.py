@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import memory
+from pipeline import memory, results
 from pipeline.context import DistContext
 from pipeline.memory import DevicePeak
 from pipeline.tracking.provenance import gpu_tags, gpu_uuids, stack_tags
@@ -14,9 +14,9 @@ from pipeline.tracking.system_metrics import renumber_gpu_keys
 
 def test_renumbered_cuda_index_maps_back_to_the_physical_id():
     # CUDA_VISIBLE_DEVICES="3,5": the run sees cuda:0 and cuda:1
-    assert memory.physical_label("cuda:0", ("3", "5")) == "gpu3"
-    assert memory.physical_label("cuda:1", ("3", "5")) == "gpu5"
-    assert memory.physical_label("cuda", ("7",)) == "gpu7"
+    assert memory.physical_label("cuda:0", ("3", "5")) == "gpu_3"
+    assert memory.physical_label("cuda:1", ("3", "5")) == "gpu_5"
+    assert memory.physical_label("cuda", ("7",)) == "gpu_7"
 
 
 def test_dataparallel_reads_every_device_and_ddp_only_its_own():
@@ -32,11 +32,11 @@ def test_dataparallel_reads_every_device_and_ddp_only_its_own():
 
 
 def test_merge_keeps_rank_order_and_sums_processes_sharing_a_gpu():
-    rank0 = [DevicePeak("gpu3", 100.0, 120.0)]
-    rank1 = [DevicePeak("gpu5", 40.0, 50.0)]
-    rank2 = [DevicePeak("gpu3", 10.0, 20.0)]  # a second process on GPU 3
+    rank0 = [DevicePeak("gpu_3", 100.0, 120.0)]
+    rank1 = [DevicePeak("gpu_5", 40.0, 50.0)]
+    rank2 = [DevicePeak("gpu_3", 10.0, 20.0)]  # a second process on GPU 3
     merged = memory.merge_peaks([rank0, rank1, rank2])
-    assert merged == [DevicePeak("gpu3", 110.0, 140.0), DevicePeak("gpu5", 40.0, 50.0)]
+    assert merged == [DevicePeak("gpu_3", 110.0, 140.0), DevicePeak("gpu_5", 40.0, 50.0)]
 
 
 def test_imbalance_and_first_share():
@@ -48,19 +48,21 @@ def test_imbalance_and_first_share():
 
 
 def test_epoch_metrics_name_devices_by_physical_id_or_rank():
-    gpu = memory.epoch_metrics([DevicePeak("gpu3", 300.0, 400.0), DevicePeak("gpu5", 100.0, 150.0)])
+    gpu = memory.epoch_metrics(
+        [DevicePeak("gpu_3", 300.0, 400.0), DevicePeak("gpu_5", 100.0, 150.0)]
+    )
     assert gpu == {
-        "gpu3/peak_allocated_mib": 300.0,
-        "gpu3/peak_reserved_mib": 400.0,
-        "gpu5/peak_allocated_mib": 100.0,
-        "gpu5/peak_reserved_mib": 150.0,
+        "memory/gpu_3_peak_allocated_mib": 300.0,
+        "memory/gpu_3_peak_reserved_mib": 400.0,
+        "memory/gpu_5_peak_allocated_mib": 100.0,
+        "memory/gpu_5_peak_reserved_mib": 150.0,
         "mem_imbalance": pytest.approx(1.5),
         "gpu0_share": pytest.approx(0.75),
     }
-    cpu = memory.epoch_metrics([DevicePeak("cpu0", 900.0, None), DevicePeak("cpu1", 900.0, None)])
+    cpu = memory.epoch_metrics([DevicePeak("cpu_0", 900.0, None), DevicePeak("cpu_1", 900.0, None)])
     assert cpu == {
-        "cpu0/peak_rss_mib": 900.0,
-        "cpu1/peak_rss_mib": 900.0,
+        "memory/cpu_0_peak_rss_mib": 900.0,
+        "memory/cpu_1_peak_rss_mib": 900.0,
         "mem_imbalance": 1.0,
         "cpu0_share": 0.5,
     }
@@ -69,20 +71,20 @@ def test_epoch_metrics_name_devices_by_physical_id_or_rank():
 def test_epoch_metrics_keep_training_and_evaluation_apart():
     """Training's keys keep their names; evaluation's carry the eval_ prefix."""
     both = memory.epoch_metrics(
-        [DevicePeak("gpu3", 300.0, 400.0), DevicePeak("gpu5", 100.0, 150.0)],
-        [DevicePeak("gpu3", 50.0, 400.0), DevicePeak("gpu5", 150.0, 150.0)],
+        [DevicePeak("gpu_3", 300.0, 400.0), DevicePeak("gpu_5", 100.0, 150.0)],
+        [DevicePeak("gpu_3", 50.0, 400.0), DevicePeak("gpu_5", 150.0, 150.0)],
     )
     assert both == {
-        "gpu3/peak_allocated_mib": 300.0,
-        "gpu3/peak_reserved_mib": 400.0,
-        "gpu5/peak_allocated_mib": 100.0,
-        "gpu5/peak_reserved_mib": 150.0,
+        "memory/gpu_3_peak_allocated_mib": 300.0,
+        "memory/gpu_3_peak_reserved_mib": 400.0,
+        "memory/gpu_5_peak_allocated_mib": 100.0,
+        "memory/gpu_5_peak_reserved_mib": 150.0,
         "mem_imbalance": pytest.approx(1.5),
         "gpu0_share": pytest.approx(0.75),
-        "gpu3/eval_peak_allocated_mib": 50.0,
-        "gpu3/eval_peak_reserved_mib": 400.0,
-        "gpu5/eval_peak_allocated_mib": 150.0,
-        "gpu5/eval_peak_reserved_mib": 150.0,
+        "memory/gpu_3_eval_peak_allocated_mib": 50.0,
+        "memory/gpu_3_eval_peak_reserved_mib": 400.0,
+        "memory/gpu_5_eval_peak_allocated_mib": 150.0,
+        "memory/gpu_5_eval_peak_reserved_mib": 150.0,
         "eval_mem_imbalance": pytest.approx(1.5),
         "eval_gpu0_share": pytest.approx(0.25),
     }
@@ -92,21 +94,21 @@ def test_the_cpu_has_no_evaluation_peak_of_its_own():
     """A process's peak RSS during evaluation still holds training's heap (clear_refs resets
     it to the current RSS, not to zero): no eval figure is kept on the CPU, only training's."""
     cpu = memory.epoch_metrics(
-        [DevicePeak("cpu0", 900.0, None), DevicePeak("cpu1", 900.0, None)],
-        [DevicePeak("cpu0", 700.0, None), DevicePeak("cpu1", 950.0, None)],
+        [DevicePeak("cpu_0", 900.0, None), DevicePeak("cpu_1", 900.0, None)],
+        [DevicePeak("cpu_0", 700.0, None), DevicePeak("cpu_1", 950.0, None)],
     )
     assert cpu == {
-        "cpu0/peak_rss_mib": 900.0,
-        "cpu1/peak_rss_mib": 900.0,
+        "memory/cpu_0_peak_rss_mib": 900.0,
+        "memory/cpu_1_peak_rss_mib": 900.0,
         "mem_imbalance": 1.0,
         "cpu0_share": 0.5,
     }
-    # metrics.json says why where the figures would be, also from epochs recorded with them
-    recorded = {**cpu, "cpu0/eval_peak_rss_mib": 700.0, "eval_mem_imbalance": 1.1}
+    # summary.json says why where the figures would be, also from epochs recorded with them
+    recorded = {**cpu, "memory/cpu_0_eval_peak_rss_mib": 700.0, "eval_mem_imbalance": 1.1}
     for epochs in ([cpu], [recorded, cpu]):
         summary = memory.run_summary(epochs)
         assert summary["memory_kind"] == "cpu"
-        assert summary["peak_memory_mib"] == {"cpu0": 900.0, "cpu1": 900.0}
+        assert summary["peak_memory_mib"] == {"cpu_0": 900.0, "cpu_1": 900.0}
         assert summary["eval_peak_memory_mib"] == "not separable on CPU" == memory.NOT_SEPARABLE
         assert summary["eval_peak_reserved_mib"] == {} and summary["eval_mem_imbalance"] is None
         assert "eval_cpu0_share" not in summary
@@ -121,38 +123,42 @@ def test_run_summary_takes_each_devices_highest_epoch():
             "epoch": 1,
             "test_acc": 0.5,
             **memory.epoch_metrics(
-                [DevicePeak("gpu3", 300.0, 512.0), DevicePeak("gpu5", 100.0, 128.0)],
-                [DevicePeak("gpu3", 400.0, 600.0), DevicePeak("gpu5", 100.0, 128.0)],
+                [DevicePeak("gpu_3", 300.0, 512.0), DevicePeak("gpu_5", 100.0, 128.0)],
+                [DevicePeak("gpu_3", 400.0, 600.0), DevicePeak("gpu_5", 100.0, 128.0)],
             ),
         },
         {
             "epoch": 2,
             "test_acc": 0.6,
             **memory.epoch_metrics(
-                [DevicePeak("gpu3", 250.0, 512.0), DevicePeak("gpu5", 200.0, 256.0)],
-                [DevicePeak("gpu3", 40.0, 512.0), DevicePeak("gpu5", 300.0, 256.0)],
+                [DevicePeak("gpu_3", 250.0, 512.0), DevicePeak("gpu_5", 200.0, 256.0)],
+                [DevicePeak("gpu_3", 40.0, 512.0), DevicePeak("gpu_5", 300.0, 256.0)],
             ),
         },
     ]
     summary = memory.run_summary(history)
     assert summary["memory_kind"] == "gpu"
-    assert list(summary["peak_memory_mib"]) == ["gpu3", "gpu5"]  # device 0 first
+    assert list(summary["peak_memory_mib"]) == ["gpu_3", "gpu_5"]  # device 0 first
     # training's peaks only: evaluation's higher ones do not leak in
-    assert summary["peak_memory_mib"] == {"gpu3": 300.0, "gpu5": 200.0}
-    assert summary["peak_reserved_mib"] == {"gpu3": 512.0, "gpu5": 256.0}
+    assert summary["peak_memory_mib"] == {"gpu_3": 300.0, "gpu_5": 200.0}
+    assert summary["peak_reserved_mib"] == {"gpu_3": 512.0, "gpu_5": 256.0}
     assert summary["mem_imbalance"] == pytest.approx(1.2)
     assert summary["gpu0_share"] == pytest.approx(0.6)
     # evaluation's, apart
-    assert summary["eval_peak_memory_mib"] == {"gpu3": 400.0, "gpu5": 300.0}
-    assert summary["eval_peak_reserved_mib"] == {"gpu3": 600.0, "gpu5": 256.0}
+    assert summary["eval_peak_memory_mib"] == {"gpu_3": 400.0, "gpu_5": 300.0}
+    assert summary["eval_peak_reserved_mib"] == {"gpu_3": 600.0, "gpu_5": 256.0}
     assert summary["eval_mem_imbalance"] == pytest.approx(400.0 / 350.0)
     assert summary["eval_gpu0_share"] == pytest.approx(4.0 / 7.0)
+    # how far the training figures moved between the epochs: the answer's noise for memory
+    assert summary["peak_memory_spread_mib"] == 50.0  # the busiest device: 300, then 250
+    assert summary["mem_imbalance_spread"] == pytest.approx(1.5 - 250.0 / 225.0, abs=1e-4)
+    assert memory.run_summary(history[:1])["peak_memory_spread_mib"] is None  # one epoch
     none = memory.run_summary([{"epoch": 1, "test_acc": 0.5}])
     assert none["memory_kind"] == "none" and none["peak_memory_mib"] == {}
     assert none["mem_imbalance"] is None and none["eval_mem_imbalance"] is None
     # epochs recorded before evaluation was measured apart (an old checkpoint): no eval peaks
-    old = memory.run_summary([memory.epoch_metrics([DevicePeak("gpu0", 900.0, 1024.0)])])
-    assert old["memory_kind"] == "gpu" and old["peak_memory_mib"] == {"gpu0": 900.0}
+    old = memory.run_summary([memory.epoch_metrics([DevicePeak("gpu_0", 900.0, 1024.0)])])
+    assert old["memory_kind"] == "gpu" and old["peak_memory_mib"] == {"gpu_0": 900.0}
     assert old["eval_peak_memory_mib"] == {} and old["eval_mem_imbalance"] is None
 
 
@@ -162,7 +168,7 @@ def test_cpu_peak_is_the_process_rss_and_resets_each_epoch():
     block = bytearray(300 * 2**20)
     block[::4096] = b"x" * len(block[::4096])  # touch every page so it is resident
     (peak,) = memory.read_peaks([], ctx)
-    assert peak.label == "cpu2" and peak.reserved_mib is None and peak.kind == "cpu"
+    assert peak.label == "cpu_2" and peak.reserved_mib is None and peak.kind == "cpu"
     assert peak.allocated_mib > 300
     del block
     if not Path("/proc/self/clear_refs").exists():
@@ -197,21 +203,47 @@ def test_provenance_on_a_machine_without_gpus(monkeypatch):
 def test_devices_of_several_nodes_keep_their_node():
     """Every node has a GPU 0: labels carry the node, so two nodes' GPU 0 are two devices and
     the imbalance is over all four GPUs of a 2 x 2 job."""
-    assert memory.physical_label("cuda:1", ("0", "1"), node=1, nodes=2) == "node1.gpu1"
-    assert memory.physical_label("cuda:1", ("0", "1")) == "gpu1"  # one node: as before
+    assert memory.physical_label("cuda:1", ("0", "1"), node=1, nodes=2) == "node1_gpu_1"
+    assert memory.physical_label("cuda:1", ("0", "1")) == "gpu_1"  # one node: as before
     per_rank = [
-        [DevicePeak(f"node{n}.gpu{g}", 100.0 * (1 + n + g), 200.0)] for n in (0, 1) for g in (0, 1)
+        [DevicePeak(f"node{n}_gpu_{g}", 100.0 * (1 + n + g), 200.0)] for n in (0, 1) for g in (0, 1)
     ]
     merged = memory.merge_peaks(per_rank)
-    assert [p.label for p in merged] == ["node0.gpu0", "node0.gpu1", "node1.gpu0", "node1.gpu1"]
+    assert [p.label for p in merged] == ["node0_gpu_0", "node0_gpu_1", "node1_gpu_0", "node1_gpu_1"]
     assert [p.allocated_mib for p in merged] == [100.0, 200.0, 200.0, 300.0]
     metrics = memory.epoch_metrics(merged)
-    assert metrics["node1.gpu0/peak_allocated_mib"] == 200.0
+    assert metrics["memory/node1_gpu_0_peak_allocated_mib"] == 200.0
     assert metrics["mem_imbalance"] == pytest.approx(300.0 / 200.0)
     summary = memory.run_summary([metrics])
     assert set(summary["peak_memory_mib"]) == {
-        "node0.gpu0",
-        "node0.gpu1",
-        "node1.gpu0",
-        "node1.gpu1",
+        "node0_gpu_0",
+        "node0_gpu_1",
+        "node1_gpu_0",
+        "node1_gpu_1",
     }
+
+
+def test_device_metrics_are_named_like_mlflows_system_metrics():
+    """One scheme, MLflow's own ("system/gpu_3_memory_usage_megabytes"): a group, then the
+    device as gpu_<physical id>; a checkpoint's epochs recorded under the names before it
+    ("gpu3/peak_allocated_mib") still read as the same devices on a resume."""
+    assert results.device_metric("gpu_3", "", "allocated") == "memory/gpu_3_peak_allocated_mib"
+    assert results.device_metric("node1_gpu_3", "eval_", "reserved") == (
+        "memory/node1_gpu_3_eval_peak_reserved_mib"
+    )
+    for key, parsed in [
+        ("memory/gpu_3_peak_allocated_mib", ("gpu_3", "", "allocated")),
+        ("memory/node1_gpu_12_eval_peak_reserved_mib", ("node1_gpu_12", "eval_", "reserved")),
+        ("memory/cpu_0_peak_rss_mib", ("cpu_0", "", "rss")),
+        ("gpu3/eval_peak_allocated_mib", ("gpu_3", "eval_", "allocated")),  # before
+        ("node1.gpu0/peak_reserved_mib", ("node1_gpu_0", "", "reserved")),  # before
+        ("mem_imbalance", None),
+        ("system/gpu_3_memory_usage_megabytes", None),
+    ]:
+        assert results.parse_device_metric(key) == parsed, key
+    old = {"gpu3/peak_allocated_mib": 500.0, "gpu3/peak_reserved_mib": 600.0}
+    new = memory.epoch_metrics([DevicePeak("gpu_3", 400.0, 700.0)])
+    summary = memory.run_summary([old, new])  # a resume across the rename: one device
+    assert summary["peak_memory_mib"] == {"gpu_3": 500.0}
+    assert summary["peak_reserved_mib"] == {"gpu_3": 700.0}
+    assert summary["peak_memory_spread_mib"] == 100.0  # training's allocated, not reserved

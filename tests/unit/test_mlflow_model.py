@@ -1,6 +1,6 @@
-"""The final model as an MLflow model (logged once, loadable, with its signature), its
-registration by the compare stage, and the seed sweeps found in MLflow, against real SQLite
-stores."""
+"""The final model as an MLflow model (logged once, loadable, with its signature, the run's
+final figures logged against it), its registration by the compare stage under aliases, and the
+seed sweeps found in MLflow, against real SQLite stores."""
 
 import json
 
@@ -13,11 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.reporting import answer
 from pipeline.reporting.compare import register
-from pipeline.results import CONFIG, MODEL
+from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
 from pipeline.tracking.comparison import register_model, seed_accuracies
 from pipeline.tracking.mlflow_run import MODEL_NAME, Tracker
 from pipeline.training.final_model import input_example, model_source, plain_model
 from pipeline.training.model import build_model
+from support import run_summary
 
 
 @pytest.fixture
@@ -39,6 +40,8 @@ def results(tmp_path):
         for p in trained.parameters():
             p.add_(0.01)  # not the initial weights
     torch.save(trained.state_dict(), out / MODEL)
+    summary = run_summary("ddp", ["cpu", "cpu"], 2.0, 0.75, {"peak_memory_mib": {"cpu_0": 900.0}})
+    (out / SUMMARY).write_text(json.dumps(summary.to_json()))
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (8, 28, 28), dtype=torch.uint8, generator=generator)
     labels = torch.zeros(8, dtype=torch.uint8)  # a whole fetched set: its reader checks it
@@ -78,6 +81,25 @@ def test_the_final_model_is_logged_once_and_loads_as_trained(tmp_path, store, re
     assert info.saved_input_example_info is not None
 
 
+def test_the_final_figures_are_the_logged_models_so_mlflow_ranks_them(tmp_path, store, results):
+    """MLflow 3's logged-model view compares models by the metrics logged against them: the
+    run's metrics.json figures, as final/<name> (apart from the per-epoch test_acc)."""
+    tracker = published(tmp_path, results)
+    experiment = store.get_experiment_by_name("tests").experiment_id
+    (model,) = store.search_logged_models([experiment])
+    linked = {m.key: m.value for m in model.metrics}
+    expected = headline(RunSummary.from_json(json.loads((results[0] / SUMMARY).read_text())))
+    assert linked == {f"final/{k}": v for k, v in expected.items() if v is not None}
+    assert linked["final/test_acc"] == 0.75 and linked["final/peak_memory_mib"] == 900.0
+    assert all(m.model_id == model.model_id for m in model.metrics)
+    ranked = store.search_logged_models(
+        [experiment], order_by=[{"field_name": "metrics.final/test_acc", "ascending": False}]
+    )
+    assert [m.model_id for m in ranked] == [model.model_id]
+    # the run's per-epoch series keep their own names: no final point among them
+    assert store.get_metric_history(tracker.run_id, "test_acc") == []
+
+
 def test_the_recommended_model_is_registered_once(tmp_path, store, results):
     tracker = published(tmp_path, results)
     first = register_model("tests", "ddp", "highest throughput", tracker.run_id)
@@ -102,6 +124,68 @@ def test_registration_says_why_not(tmp_path, store, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     away = register_model("tests", "ddp", "x", bare.run_id)
     assert away.version is None and away.why_not.startswith("MLflow unreachable")
+
+
+def comparison_rows(run_ids: dict[str, str]) -> list[dict]:
+    """single and ddp as the table has them: ddp has the throughput, single the lower peak."""
+    rows = [
+        {"strategy": "single", "steady_samples_per_s": 100.0, "peak_memory_mib": {"cpu_0": 500.0}},
+        {"strategy": "ddp", "steady_samples_per_s": 300.0, "peak_memory_mib": {"cpu_0": 900.0}},
+    ]
+    for row in rows:
+        row.update(
+            mlflow_run_id=run_ids[row["strategy"]],
+            memory_kind="cpu",
+            world_size=1,
+            devices=["cpu"],
+            n_devices=1,
+            mem_imbalance=None,
+            test_acc=0.9,
+            steady_epoch_s=1.0,
+            time_to_target_s=None,
+            epoch_to_target=None,
+        )
+    return rows
+
+
+def test_compare_registers_each_objectives_pick_under_its_alias(tmp_path, store, results):
+    """The objectives disagree: ddp is the fastest, single the lightest. Each has its version,
+    `@recommended` the registered choice's (throughput's); an objective that recommends
+    nothing the next time leaves no alias behind."""
+    out, data, trained = results
+    run_ids = {}
+    for name in ("single", "ddp"):
+        tracker = Tracker(tmp_path / f"{name}.json", "tests", name, {}, {}, name, fresh=True)
+        assert tracker.publish([], status="FINISHED", model=model_source(out, data))
+        run_ids[name] = tracker.run_id
+    rows = comparison_rows(run_ids)
+    registered = register(answer.recommend(rows, None), rows, "tests", reachable=True)
+    assert (registered.strategy, registered.uri) == ("ddp", "models:/tests@recommended")
+    versions = {v.run_id: str(v.version) for v in store.search_model_versions("name = 'tests'")}
+    ddp, single = versions[run_ids["ddp"]], versions[run_ids["single"]]
+    assert registered.aliases == {
+        "recommended": (ddp, "ddp"),
+        "highest-throughput": (ddp, "ddp"),
+        "least-memory": (single, "single"),
+    }
+    aliases = store.get_registered_model("tests").aliases
+    assert {alias: str(version) for alias, version in aliases.items()} == {
+        "recommended": ddp,
+        "highest-throughput": ddp,
+        "least-memory": single,
+    }
+    x = torch.from_numpy(input_example(data))
+    with torch.no_grad():
+        loaded = mlflow.pytorch.load_model("models:/tests@least-memory")
+        assert torch.allclose(loaded(x), trained.eval()(x), atol=1e-5)
+    assert store.get_model_version_by_alias("tests", "recommended").run_id == run_ids["ddp"]
+    # again, memory unmeasured: no pick for least-memory, so no alias; the rest unchanged
+    for row in rows:
+        row["peak_memory_mib"] = {}
+    again = register(answer.recommend(rows, None), rows, "tests", reachable=True)
+    assert set(again.aliases) == {"recommended", "highest-throughput"}
+    assert set(store.get_registered_model("tests").aliases) == {"recommended", "highest-throughput"}
+    assert len(store.search_model_versions("name = 'tests'")) == 2  # reused, none added
 
 
 def test_compare_registers_the_throughput_pick_or_says_mlflow_was_away():

@@ -1,6 +1,7 @@
 """One home for defaults and meanings: every key of the schema (pipeline/config.py) has a
 docstring, params.yaml holds the schema's defaults but for the experiment's own choices, and
-`--help` / `--params SECTION` print each key's default and meaning from those docstrings."""
+`--help` / `--params SECTION` print each key's value in use, its default where that differs, and
+its meaning from those docstrings; `--print-config` prints what a strategy would run with."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import yaml
 
 from pipeline import config
 from pipeline.config import Config, ConfigError, describe, field_docs
+from pipeline.strategies import NAMES
 from support import REPO
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -270,13 +272,18 @@ def test_describe_fits_a_100_column_terminal():
 # --- the command line -------------------------------------------------------------------------
 
 
-def test_train_help_prints_every_keys_default_and_meaning():
+def test_train_help_prints_every_keys_value_in_use_and_meaning():
     proc = run_cli("-X", "importtime", "-m", "pipeline.train", "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: python -m pipeline.train")
-    assert proc.stdout.endswith(describe())  # the whole listing, after the command's own help
+    # the whole listing, after the command's own help, with params.yaml's values
+    assert proc.stdout.endswith(describe(values=config.load_config(REPO / "params.yaml")))
     assert "\n  train.epochs: 10\n      Passes over the training set.\n" in proc.stdout
-    assert "--params SECTION" in proc.stdout
+    assert "--params SECTION" in proc.stdout and "--print-config" in proc.stdout
+    # the experiment's own choice is what runs, the schema's default beside it
+    strategies = ", ".join(PARAMS["strategies"])
+    assert f"\n  strategies: [{strategies}]  (default: [single])\n" in proc.stdout
+    assert "fsdp: FSDP2 (torch.distributed.fsdp.fully_shard" in proc.stdout
     # still quick: the schema's docs need no torch
     imported = re.findall(r"\|\s+([\w.]+)$", proc.stderr, re.MULTILINE)
     assert "yaml" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
@@ -285,8 +292,37 @@ def test_train_help_prints_every_keys_default_and_meaning():
 def test_params_prints_one_section_and_exits():
     proc = run_cli("-m", "pipeline.train", "--params", "train")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == describe("train")
+    assert proc.stdout == describe("train")  # params.yaml holds train's defaults
     assert "  train.batch_size: 256\n" in proc.stdout and "ddp.nproc" not in proc.stdout
+
+
+def test_help_and_params_show_the_overrides_given():
+    """Overrides beside --help or --params are what would run: shown, the default beside."""
+    proc = run_cli("-m", "pipeline.train", "ddp", "train.epochs=3", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "\n  train.epochs: 3  (default: 10)\n" in proc.stdout
+    proc = run_cli("-m", "pipeline.train", "--params", "train", "train.lr=0.2")
+    assert "\n  train.lr: 0.2  (default: 0.1)\n" in proc.stdout
+    assert "\n  train.epochs: 10\n" in proc.stdout
+    # an override that does not load: the defaults stand in, saying why
+    proc = run_cli("-m", "pipeline.train", "--params", "train", "train.epochs=0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("(showing the schema's defaults: train.epochs: got 0")
+
+
+def test_print_config_prints_the_strategys_resolved_params_and_exits():
+    proc = run_cli("-m", "pipeline.train", "fsdp", "--print-config", "fsdp.mixed_precision=bf16")
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    expected = yaml.safe_load(
+        config.to_yaml(config.load_config(REPO / "params.yaml", ["fsdp.mixed_precision=bf16"]))
+    )
+    others = [name for name in NAMES if name != "fsdp"]
+    assert printed == {k: v for k, v in expected.items() if k not in others}
+    assert printed["fsdp"]["mixed_precision"] == "bf16" and "ddp" not in printed
+    # bad input is refused as when training: one line, exit 2
+    proc = run_cli("-m", "pipeline.train", "ddp", "--print-config", "train.epoch=2")
+    assert proc.returncode == 2 and "did you mean 'train.epochs'" in proc.stderr
 
 
 def test_params_with_an_unknown_section_is_one_line_and_exit_2():

@@ -5,7 +5,7 @@ import pytest
 from pipeline import results
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import ConfigError, load_config
-from pipeline.reporting import table
+from pipeline.reporting import devices, table
 from pipeline.results import EpochRow, RunSummary
 from support import run_summary
 
@@ -188,8 +188,8 @@ def test_speedup_efficiency_and_delta():
 
 def test_rows_compare_against_single():
     results = [
-        metrics("single", ["cuda:0"], 10.0, 0.90, {"gpu0": 100.0}),
-        metrics("ddp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu0": 60.0, "gpu1": 60.0}),
+        metrics("single", ["cuda:0"], 10.0, 0.90, {"gpu_0": 100.0}),
+        metrics("ddp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu_0": 60.0, "gpu_1": 60.0}),
     ]
     hist = {"single": history([0.8, 0.9], [9.0, 10.0]), "ddp": history([0.7, 0.88], [9.0, 4.0])}
     single, ddp = table.comparison_rows(results, hist, 0.85)
@@ -199,35 +199,46 @@ def test_rows_compare_against_single():
     assert (single["epoch_to_target"], single["time_to_target_s"]) == (2, 19.0)
     assert ddp["time_to_target_s"] == 13.0 and ddp["gpu0_share"] == 0.5
     text = table.markdown_table([single, ddp], 0.85)
-    assert "peak allocated MiB per GPU" in text and "time to acc 0.85" in text
-    assert "| ddp | 2 | cuda:0, cuda:1 | 32+32 | 9.00 | 4.00 | 1600 | 2.50x | 125% |" in text
-    assert "gpu0 60, gpu1 60" in text and "13.0 s (epoch 2)" in text
-    # training and evaluation peaks both shown; the peak and imbalance columns are training's
-    head, cells = table.table_cells([single, ddp], 0.85)
-    ddp_cells = dict(zip(head, cells[1]))
-    assert ddp_cells["training peak allocated MiB per GPU"] == "gpu0 60, gpu1 60"
-    assert ddp_cells["eval peak allocated MiB per GPU"] == "gpu0 15, gpu1 15"
-    assert ddp_cells["training mem imbalance (max/mean)"] == "1.00"
-    assert ddp["peak_memory_mib"] == {"gpu0": 60.0, "gpu1": 60.0}
-    assert ddp["eval_peak_memory_mib"] == {"gpu0": 15.0, "gpu1": 15.0}
+    assert "time to acc 0.85" in text and "training peak MiB (busiest GPU)" in text
+    assert "| ddp | 2 (2) | 32+32 | 9.00 | 4.00 | 1600 | 2.50x (125%) | 0.8800 (-0.0200) |" in text
+    assert "| 13.0 s (epoch 2) | 60 (gpu_0) |" in text
+    assert ddp["peak_memory_mib"] == {"gpu_0": 60.0, "gpu_1": 60.0}
+    assert ddp["eval_peak_memory_mib"] == {"gpu_0": 15.0, "gpu_1": 15.0}
+    # each device's training and evaluation peaks: the per-device table, a row per device
+    head, body = devices.cells([single, ddp])
+    assert head == [
+        "strategy",
+        "GPU",
+        "training peak allocated MiB",
+        "training peak reserved MiB",
+        "eval peak allocated MiB",
+        "eval peak reserved MiB",
+        "training max/mean",
+    ]
+    assert body == [
+        ["single", "gpu_0", "100", "100", "25", "100", "1.00"],
+        ["ddp", "gpu_0", "60", "60", "15", "60", "1.00"],
+        ["", "gpu_1", "60", "60", "15", "60", ""],
+    ]
 
 
 def test_rows_without_single_say_so_instead_of_inventing_a_baseline():
-    ddp = metrics("ddp", ["cpu", "cpu"], 4.0, 0.8, {"cpu0": 900.0, "cpu1": 800.0})
+    ddp = metrics("ddp", ["cpu", "cpu"], 4.0, 0.8, {"cpu_0": 900.0, "cpu_1": 800.0})
     ddp.memory.update(memory_kind="cpu", peak_reserved_mib={})
     del ddp.memory["eval_peak_memory_mib"]  # results written before evaluation was measured
     (row,) = table.comparison_rows([ddp], {"ddp": history([0.5], [4.0])}, 0.9)
     assert row["speedup_vs_single"] is None and row["acc_delta_vs_single"] is None
     text = table.markdown_table([row], 0.9)
-    assert "training peak RSS (CPU) MiB per process" in text
-    assert "eval peak RSS (CPU) MiB per process" in text
-    assert "| cpu0 900, cpu1 800 | 1.00 | n/a |" in text
-    assert "| n/a | n/a |" in text and "not reached" in text
+    assert "training peak RSS MiB (busiest process, CPU)" in text
+    assert "| n/a | 0.8000 | not reached | 900 (cpu_0) |" in text
+    assert devices.cells([row]) == (
+        ["strategy", "process", "training peak RSS MiB", "eval peak RSS MiB", "training max/mean"],
+        [["ddp", "cpu_0", "900", "n/a", "1.00"], ["", "cpu_1", "800", "n/a", ""]],
+    )
     # a CPU run's evaluation has no peak of its own (pipeline.results.NOT_SEPARABLE)
     ddp.memory.update(eval_peak_memory_mib="not separable on CPU", eval_mem_imbalance=None)
     (row,) = table.comparison_rows([ddp], {"ddp": history([0.5], [4.0])}, 0.9)
-    text = table.markdown_table([row], 0.9)
-    assert "| cpu0 900, cpu1 800 | 1.00 | not separable on CPU |" in text
+    assert [line[3] for line in devices.cells([row])[1]] == ["not separable on CPU"] * 2
 
 
 def test_target_accuracy_is_a_fraction():
@@ -237,6 +248,11 @@ def test_target_accuracy_is_a_fraction():
     assert cfg.report.target_accuracy is None
 
 
-def test_accuracy_file_has_a_column_for_every_known_strategy():
-    text = table.accuracy_wide({"ddp": history([0.5, 0.75], [1, 1])}, ["single", "ddp"])
-    assert text == "epoch,single,ddp\n1,,0.5\n2,,0.75\n"
+def test_per_epoch_files_have_a_column_for_every_known_strategy():
+    """DVC plots only the columns dvc.yaml names (every strategy): one that did not run is
+    blank. One file per plotted figure: accuracy, training loss, samples/s."""
+    h = {"ddp": history([0.5, 0.75], [1, 2])}
+    assert table.wide_csv(h, ["single", "ddp"], "test_acc") == "epoch,single,ddp\n1,,0.5\n2,,0.75\n"
+    assert table.wide_csv(h, ["single", "ddp"], "train_loss") == "epoch,single,ddp\n1,,1\n2,,1\n"
+    assert table.wide_csv(h, ["ddp"], "samples_per_s") == "epoch,ddp\n1,64\n2,32\n"
+    assert set(table.WIDE_PLOTS.values()) <= set(results.HISTORY_COLUMNS)
