@@ -1,9 +1,15 @@
 # parallel-lab: one entry point. `make` alone lists the targets.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# The venv's commands (dvc, mlflow) come first; abspath, so that an absolute VENV works too.
+VENV_BIN := $(abspath $(VENV))/bin
+# PATH without the venv, taken before the export below (an activated venv's entry dropped too):
+# where gpu-check's fallback finds the machine's own python3, since on the exported PATH
+# python3 is the venv's, which may be half made and lack torch.
+OUTSIDE_VENV_PATH := $(subst $(VENV_BIN):,,$(PATH))
+export PATH := $(VENV_BIN):$(PATH)
 
-.PHONY: help install quick run test test-fast lint gpu-check compose docker-quick ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint gpu-check gpu-wheels need-DIR compose docker-quick ui lock docker-setup clean
 .DEFAULT_GOAL := help
 
 help:  ## this list
@@ -104,25 +110,38 @@ lint: install  ## ruff (lint and format check) and mypy over the package and the
 
 # gpu-check runs where GPU time is short and there may be no network: with the pinned
 # environment when it installs (one quick try), else with the machine's own python3 and torch
-# (the JSON records which), plus wheels carried in WHEELS for what that python lacks.
+# (the JSON records which; python3 as found outside the venv), plus wheels carried in WHEELS
+# for what that python lacks (make gpu-wheels fetches them).
 # (through SUBMAKE: a recipe naming $(MAKE) itself would run even under `make -n`)
 SUBMAKE = $(MAKE) --no-print-directory
 DEVICE ?= cuda
 WHEELS ?=
-gpu-check:  ## prove and time every strategy on one GPU in minutes; JSON in benchmarks/results (DEVICE=cpu: tiny)
+gpu-check:  ## prove and time every strategy on one GPU in minutes; JSON in benchmarks/results (DEVICE=cpu: tiny; WHEELS=dir)
 	@if PIP_RETRIES=0 PIP_TIMEOUT=10 $(SUBMAKE) install >/dev/null 2>&1; then \
 		py=$(PY); \
 	else \
+		py=$$(PATH='$(OUTSIDE_VENV_PATH)'; command -v python3) || { \
+			echo "gpu-check: the pinned environment does not install here, and there is no" \
+				"python3 outside $(VENV)" >&2; exit 2; }; \
 		echo "gpu-check: the pinned environment does not install here (make install says why);" \
-			"using python3 and its own torch" >&2; \
-		py=python3; \
+			"using $$py and its own torch" >&2; \
 		if [ -n "$(WHEELS)" ]; then \
-			python3 -m pip install -q --no-index --no-deps --upgrade --target .gpu-site \
+			$$py -m pip install -q --no-index --no-deps --upgrade --target .gpu-site \
 				$(WHEELS)/*.whl || exit 2; \
 			export PYTHONPATH=$(CURDIR)/.gpu-site; \
 		fi; \
 	fi; \
 	$$py -m benchmarks.gpu_check --device $(DEVICE)
+
+# The WHEELS for gpu-check on a machine without network (python3 3.12 with its own CUDA torch):
+# what gpu-check imports beyond that, at the lock's pins (benchmarks/gpu_wheels.py says which
+# and why). Run where PyPI is reachable, then carry DIR over. DIR is checked before the install.
+DIR ?=
+gpu-wheels: $(if $(DIR),install,need-DIR)  ## download into DIR the wheels gpu-check needs on a GPU machine without network
+	$(PY) -m benchmarks.gpu_wheels --download $(DIR)
+
+need-DIR:
+	@echo "error: make gpu-wheels DIR=<directory>: where to put the wheels" >&2; exit 2
 
 ui: install  ## MLflow UI on the embedded store: http://127.0.0.1:5000
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000

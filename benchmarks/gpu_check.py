@@ -25,8 +25,8 @@ Checks, each PASS or FAIL in the output and the JSON:
   memory_peaks      each run's summary.json has training and evaluation peaks per device
   accuracy_is_model each strategy's reported test_acc is that of its model.pt, evaluated here
                     by a loop of this script's own
-  mlflow_runs       one FINISHED MLflow run per strategy in the temporary store, holding its
-                    test_acc
+  mlflow_runs       each run its own FINISHED MLflow run in the check's experiment of the
+                    temporary store, holding its test_acc, and no other run there
 Measures: each run's steady epoch (its epoch 2; epoch 1 pays start-up and compilation), the
 ratio to single, and MFU (FLOPs trained per second over the device's peak: the datasheet's
 for known GPUs, a measured matmul peak otherwise). Writes benchmarks/results/
@@ -67,6 +67,7 @@ from pipeline.training.precision import auto_choice, gpu_capability
 
 REPO = Path(__file__).resolve().parents[1]
 HARDWARE_FIELDS = ("devices", "kind", "count", "precision", "torch", "cuda")
+EXPERIMENT = "gpu-check"  # every run's MLflow experiment, which mlflow_runs counts
 
 
 @dataclass(frozen=True)
@@ -220,23 +221,31 @@ def check_mlflow(uri: str, rows: dict[str, dict]) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("gpu-check")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id]) if experiment else []
     problems = []
+    owner: dict[str, str] = {}  # run id -> the first row that reported it
     for row, found in rows.items():
-        run = client.get_run(found["run"]["run_id"])
+        run_id = found["run"]["run_id"]
+        run = client.get_run(run_id)
         acc = run.data.metrics.get("test_acc")
-        if (
+        if run_id in owner:
+            problems.append(f"{row}: the run of {owner[run_id]}")
+        elif experiment is None or run.info.experiment_id != experiment.experiment_id:
+            where = client.get_experiment(run.info.experiment_id).name
+            problems.append(f"{row}: in experiment {where!r}")
+        elif (
             run.info.status != "FINISHED"
             or acc is None
             or abs(acc - found["metrics"]["test_acc"]) > 1e-9
         ):
             problems.append(f"{row}: {run.info.status}, test_acc {acc}")
+        owner.setdefault(run_id, row)
     ok = not problems and len(runs) == len(rows)
     return check(
         "mlflow_runs",
         ok,
-        f"{len(runs)} runs for {len(rows)} stages"
+        f"{len(runs)} runs in experiment {EXPERIMENT!r} for {len(rows)} stages"
         + (f"; {'; '.join(problems)}" if problems else ""),
     )
 
@@ -339,6 +348,31 @@ def gather(project: Path, strategy: str) -> dict[str, Any]:
     }
 
 
+def planned_runs(
+    strategies: list[str], device: str, size: Size, real_data: bool
+) -> dict[str, tuple[str, list[str]]]:
+    """row -> (strategy, overrides): each strategy on the one device at `size`, then, on a
+    GPU, single at params.yaml's defaults. Every run logs to EXPERIMENT and, on the real data,
+    trains on `size`'s share of it."""
+    placed = [f"mlflow.experiment={EXPERIMENT}"]
+    if real_data:
+        placed += [f"data.limit_train={size.train}", f"data.limit_test={size.test}"]
+    common = [
+        f"model.width={size.width}",
+        f"train.batch_size={size.batch}",
+        f"train.epochs={size.epochs}",
+        f"train.eval_batch_size={size.eval_batch}",
+        "train.channels_last=false",
+        *placed,
+    ]
+    runs = {name: (name, [*one_device(name, device), *common]) for name in strategies}
+    if device == "cuda" and "single" in strategies:
+        # last: it writes results/single again, after single's own run was checked; its own
+        # MLflow run (another identity: channels_last), in the same experiment
+        runs["single_defaults"] = ("single", ["devices=0", f"train.epochs={size.epochs}", *placed])
+    return runs
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -360,29 +394,16 @@ def main(argv: list[str] | None = None) -> dict:
     info["torch_is_pinned"] = torch.__version__.split("+")[0] == info["torch_pinned"]
     print(f"gpu-check: {label}, torch {torch.__version__} (pinned {info['torch_pinned']})")
     expected, _ = auto_choice(device.type, gpu_capability(device))
-    common = [
-        f"model.width={size.width}",
-        f"train.batch_size={size.batch}",
-        f"train.epochs={size.epochs}",
-        f"train.eval_batch_size={size.eval_batch}",
-        "train.channels_last=false",
-        "mlflow.experiment=gpu-check",
-    ]
-    runs = {name: (name, [*one_device(name, args.device), *common]) for name in args.strategies}
-    if args.device == "cuda" and "single" in args.strategies:
-        # last: it writes results/single again, after single's own run was checked
-        runs["single_defaults"] = ("single", ["devices=0", f"train.epochs={size.epochs}"])
+    mirror = None if args.synthetic else real_mirror()
+    data = "real Fashion-MNIST" if mirror else f"synthetic ({size.train}/{size.test} images)"
+    runs = planned_runs(args.strategies, args.device, size, real_data=mirror is not None)
 
     checks = [check_replicas(device)]
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="parallel-lab-gpu-check-") as tmp:
-        mirror = None if args.synthetic else real_mirror()
-        data = "real Fashion-MNIST" if mirror else f"synthetic ({size.train}/{size.test} images)"
         if mirror is None:
             mirror = Path(tmp) / "mirror"
             write_synthetic(mirror, size.train, size.test)
-        else:
-            common += [f"data.limit_train={size.train}", f"data.limit_test={size.test}"]
         project = project_copy(Path(tmp) / "project", mirror)
         uri = f"sqlite:///{project / 'mlflow.db'}"
         # the project copy first; then whatever the caller added (make gpu-check's WHEELS)

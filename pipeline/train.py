@@ -1,10 +1,10 @@
 """DVC stage `train@STRATEGY`: train one strategy and write results/STRATEGY/.
 
 Run directly (as `dvc repro` does), it validates params.yaml and the overrides, picks the
-devices (`devices`: auto, cpu, "0", "0,3") and re-launches itself under torchrun with as many
-processes as the strategy needs there; bad input stops before anything starts, with one line
-and exit code 2. Under torchrun each worker builds the same seeded model, the strategy
-parallelizes it and the shared loop trains it. Checkpoints go to checkpoints/STRATEGY/ (a
+devices (`devices`: auto, cpu, "0", "0,3") and becomes torchrun's elastic agent, forking as
+many workers as the strategy needs there; bad input stops before anything starts, with one
+line and exit code 2. Each worker builds the same seeded model, the strategy parallelizes it
+and the shared loop trains it. Checkpoints go to checkpoints/STRATEGY/ (a
 rerun resumes from them), the run to MLflow (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db).
 
 Strategies: single (the plain model, one device), dp (nn.DataParallel), balanced_dp

@@ -18,6 +18,13 @@ with scale_grads=False, so the accumulated gradient is the mean over the global 
 `single`. (scale_grads=True divides all of .grad by n_microbatches after each run, including
 what the earlier accumulation micro-steps left there.)
 
+Mixed precision: the loop runs each schedule step under the run's autocast, so the stages
+compute in bf16 where autocast does. The schedule infers the shape and dtype of what crosses a
+stage boundary from the first micro-batch it runs (again when it switches between training and
+eval), under that same autocast: activations cross in the dtype they came out in, as they flow
+on in `single`'s forward. fp16 does not apply: its loss scaling would have to wrap the
+schedule's own backward (pipeline/training/build.py `fit_to_strategy`).
+
 BatchNorm: a stage normalises one pipeline micro-batch at a time, so with microbatches > 1 its
 statistics and running averages come from batch_size / grad_accum / microbatches samples and
 training is not the computation `single` does; with microbatches = 1 it is the same one.

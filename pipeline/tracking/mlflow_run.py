@@ -406,7 +406,6 @@ def log_final_model(
     import mlflow.pytorch
     import torch
     from mlflow.entities import Metric
-    from mlflow.models import infer_signature
 
     run_id = record["run_id"]
     if record.get("model_id") is None:
@@ -423,7 +422,7 @@ def log_final_model(
             name=MODEL_NAME,
             model_id=record["model_id"],
             run_id=run_id,
-            signature=infer_signature(example, output),
+            signature=tensor_signature(example, output),
             input_example=example,
             # as given, not inferred (inference loads the model in a subprocess: seconds)
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
@@ -436,6 +435,20 @@ def log_final_model(
     client.log_batch(run_id, metrics=metrics)
     record["model_logged"] = True
     save()
+
+
+def tensor_signature(example: Any, output: Any) -> Any:
+    """The signature `mlflow.models.infer_signature` gives two numpy batches: a tensor of each
+    one's dtype and shape, the batch dimension left free (-1). Built here because inferring it
+    imports scipy, which a GPU machine with its own torch would need carried for nothing but
+    this (benchmarks/gpu_wheels.py)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    def spec(batch: Any) -> Any:
+        return Schema([TensorSpec(batch.dtype, (-1, *batch.shape[1:]))])
+
+    return ModelSignature(inputs=spec(example), outputs=spec(output))
 
 
 @contextmanager

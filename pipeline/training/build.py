@@ -177,8 +177,10 @@ def fit_to_strategy(
 ) -> tuple[Precision, bool]:
     """Apply to the parallelized model what its strategy can take; note what it cannot.
 
-    A pipeline schedule sends activations between stages through buffers it allocates for the
-    model's dtype, as contiguous NCHW tensors: no autocast and no channels_last there. Sharded
+    A pipeline schedule runs its stages under the loop's autocast, and sizes the buffers that
+    carry activations between stages from its first micro-batch, run under that same autocast:
+    bf16 trains as elsewhere. But the schedule runs backward itself, so fp16's loss scaling
+    cannot apply: fp32 instead. Its stages send contiguous NCHW tensors: no channels_last. Sharded
     (DTensor) parameters must stay contiguous (FSDP2): no channels_last. Elsewhere the
     parameters are converted to channels_last in place, after wrapping, so DDP/DP keep the
     same Parameter objects; DDP warns once that gradient strides do not match its buckets,
@@ -189,11 +191,11 @@ def fit_to_strategy(
     if channels_last is None:
         channels_last = precision.device_type == "cuda"
     pipelined = isinstance(run, PipelinedRun)
-    if pipelined and precision.autocast_dtype is not None:
+    if pipelined and precision.scaler is not None:
         precision = fallback(
             precision.name,
             precision.device_type,
-            "the pipeline schedule passes activations between stages in the model's dtype",
+            "the pipeline schedule runs backward itself, without the loss scaling fp16 needs",
         )
     if not channels_last:
         return precision, False

@@ -27,8 +27,6 @@ from tqdm import tqdm
 
 from pipeline.memory import DevicePeak
 
-# Set by the launcher for torchrun's workers when its own stderr is a terminal: the terminal's
-# width in columns, which the bar then fills.
 BAR_ROWS = 24  # the screen height tqdm is told: the bar shows at any height
 BAR_EVERY_S = 0.5  # the bar's loss and samples/s are refreshed this often (a copy each time)
 ZEROS = [0.0, 0.0, 0.0]  # [loss_sum, correct, count] before the first sample

@@ -1,14 +1,19 @@
 """`make gpu-check DEVICE=cpu`: the GPU check's script at its tiny CPU size, so it cannot rot
 between the rare runs on a GPU. Strategies train through the real stages; every check
-must pass and every figure the GPU run reports must be there."""
+must pass and every figure the GPU run reports must be there. It runs as on a GPU machine
+without the pinned environment: a python that has torch and what comes with it, plus the
+packages `make gpu-wheels` carries there, and nothing else."""
 
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_wheels import MACHINE, normalize, read_lock, select
 from support import LEARNED, REPO
 
 # single (the ratios' reference), fsdp (an identity kept at any world size) and
@@ -18,16 +23,40 @@ RUN = ["single", "fsdp", "pipeline_parallel"]
 CHECKS = {"replicas_bf16", "precision_auto", "memory_peaks", "accuracy_is_model", "mlflow_runs"}
 
 
-def gpu_check(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+def machine_python(root: Path) -> tuple[str, str]:
+    """(interpreter, PYTHONPATH) of a python like such a machine's: this one's base interpreter
+    in a bare venv, seeing torch and its companions (gpu_wheels.MACHINE) and the carried
+    selection, each distribution's own files linked from this environment (file by file:
+    namespace directories such as mlflow/ or google/ hold other distributions' files too)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", root / "venv"], check=True)
+    carried = select(read_lock((REPO / "requirements.lock").read_text()))
+    site = root / "site"
+    for dist in importlib.metadata.distributions():
+        name = normalize(dist.metadata["Name"])
+        if not (MACHINE.fullmatch(name) or name in carried):
+            continue
+        for file in dist.files or ():
+            link = site / file
+            if file.parts[0] != ".." and not link.is_symlink():  # ../bin/...: scripts
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(dist.locate_file(file))
+    return str(root / "venv" / "bin" / "python"), str(site)
+
+
+def gpu_check(
+    *args: str, python: str = sys.executable, path: str = ""
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [sys.executable, "-m", "benchmarks.gpu_check", *args]
+    cmd = [python, "-m", "benchmarks.gpu_check", *args]
     return subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=900)
 
 
 def test_the_cpu_run_passes_every_check_and_measures_every_strategy(tmp_path):
+    python, path = machine_python(tmp_path / "machine")
     out = tmp_path / "gpu-check.json"
-    proc = gpu_check("--device", "cpu", "--synthetic", "--strategies", *RUN, "--out", str(out))
+    args = ("--device", "cpu", "--synthetic", "--strategies", *RUN, "--out", str(out))
+    proc = gpu_check(*args, python=python, path=path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert {c["check"] for c in result["checks"] if c["ok"]} == CHECKS

@@ -9,8 +9,9 @@ FSDP's unsharded accumulation and the pipeline's micro-batches in play), against
 with the same; without it run the pipeline's one-chunk layouts, and dp and balanced_dp (one
 device on the CPU, so they run unsplit). In fp32 the same runs end about 0.014 apart
 relative to how far training moved the weights (single on 2 threads vs 1 thread differs as
-much): chaos, not a fault, so fp32 is not compared; its bf16 mixed precision is checked to
-train.
+much): chaos, not a fault, so fp32 is not compared; fsdp's bf16 mixed precision is checked to
+train. Under bf16 autocast the pipeline (one chunk, its two stages in processes of their own)
+is compared with single under the same autocast.
 
 The runs are shared between tests (module-scoped) and grouped by setting; each group trains
 in its own project copy (own results/ and MLflow store), and the groups run side by side.
@@ -43,6 +44,7 @@ TEN_STEPS = [
     "pipeline_parallel.stages=2",
 ]
 FP64 = [*TEN_STEPS, "train.precision=fp64"]
+BF16 = [*TEN_STEPS, "train.precision=bf16"]
 ONE_CHUNK = ["pipeline_parallel.microbatches=1"]  # BatchNorm over the whole batch, as in single
 
 # group -> [(label, strategy, overrides)]; `single` comes first and is the reference
@@ -88,6 +90,10 @@ RUNS = {
         ("single", "single", TEN_STEPS),
         ("fsdp_bf16", "fsdp", [*TEN_STEPS, "fsdp.mixed_precision=bf16"]),
     ],
+    "bf16": [
+        ("single", "single", BF16),
+        ("pipeline_parallel", "pipeline_parallel", [*BF16, *ONE_CHUNK]),
+    ],
 }
 FP64_BOUND = 1e-9
 
@@ -96,6 +102,7 @@ FP64_BOUND = 1e-9
 class Trained:
     state: dict  # results/<strategy>/model.pt
     metrics: dict  # results/<strategy>/summary.json
+    precision: str  # what the run computed in, as its identity records it
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +124,11 @@ def trained(fetched_template) -> dict[str, dict[str, Trained]]:
                 project, "python", "-m", "pipeline.train", strategy, *overrides, OMP_NUM_THREADS="1"
             )
             results = project / "results" / strategy
+            latest = json.loads((project / "checkpoints" / strategy / "latest.json").read_text())
             out[label] = Trained(
-                torch.load(results / "model.pt"), json.loads((results / "summary.json").read_text())
+                torch.load(results / "model.pt"),
+                json.loads((results / "summary.json").read_text()),
+                latest["identity"]["hardware"]["precision"],
             )
         return out
 
@@ -154,6 +164,17 @@ def test_fsdp_bf16_trains(trained):
     loss, fp32_loss = bf16.metrics["train_loss"], single.metrics["train_loss"]
     assert fp32_loss < 1.7 and abs(loss - fp32_loss) < 0.15, (loss, fp32_loss)
     assert any("bf16" in note for note in bf16.metrics["notes"])
+
+
+def test_pipeline_parallel_trains_in_bf16_as_single_does(trained):
+    """Two processes, a stage each, exchanging bf16 activations and gradients over gloo."""
+    single, piped = trained["bf16"]["single"], trained["bf16"]["pipeline_parallel"]
+    assert single.precision == piped.precision == "bf16"
+    assert not any("running fp32 instead" in note for note in piped.metrics["notes"])
+    diff = max_abs_diff(single.state, piped.state)
+    print(f"bf16 pipeline_parallel: max |param/buffer - single| = {diff:.3g}")
+    assert diff == 0.0  # measured: the same kernels on the same shapes, so the same bits
+    assert piped.metrics["train_loss"] == single.metrics["train_loss"]
 
 
 def test_pipeline_notes_record_the_split_and_batchnorm(trained):

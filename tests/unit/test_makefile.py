@@ -1,7 +1,8 @@
 """The Makefile as a newcomer meets it: `make` alone lists the targets, `make quick` passes
-overrides, a missing prerequisite is one line before anything is installed, and `make install
+overrides, a missing prerequisite is one line before anything is installed, `make install
 TORCH_CUDA=cu126` installs the lock's torch built for CUDA 12.6 (it cannot run here: no route
-to download.pytorch.org, so its command lines are what is checked)."""
+to download.pytorch.org, so its command lines are what is checked), and `make gpu-check`
+falls back to the machine's own python3 where the pinned environment does not install."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support import REPO
 
 
-def make(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": path or os.environ["PATH"]}
+def make(*args: str, path: str | None = None, **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": path or os.environ["PATH"], **extra}
     env.pop("MAKEFLAGS", None)
     return subprocess.run(
         ["make", "--no-print-directory", "-C", str(REPO), *args],
@@ -63,6 +66,61 @@ def test_compose_creates_env_and_runs_the_pipeline_service_with_its_exit_code():
     assert cpu[-1] == (
         "docker compose --profile cpu up --build --exit-code-from pipeline-cpu pipeline-cpu"
     )
+
+
+def recorder(path: Path, label: str, log: Path, exit_code: int) -> None:
+    """A python3 stand-in: appends its label, arguments and PYTHONPATH to `log`, exits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'#!/bin/sh\necho "{label} $* PYTHONPATH=$PYTHONPATH" >> {log}\nexit {exit_code}\n'
+    )
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("activated", [False, True], ids=["plain", "venv-activated"])
+def test_gpu_check_falls_back_to_the_machines_python3_not_the_half_made_venvs(tmp_path, activated):
+    """A half-made venv whose python and python3 fail makes the install fail; the Makefile
+    puts that venv's bin first on PATH, so `python3` there is the venv's. The fallback runs
+    the python3 found outside the venv, for the carried wheels and the check alike, with an
+    activated venv too."""
+    log, venv, machine = tmp_path / "calls.log", tmp_path / "venv", tmp_path / "machine"
+    for name in ("python", "python3"):
+        recorder(venv / "bin" / name, "venv", log, 1)
+    recorder(machine / "python3", "machine", log, 0)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"")
+    path = f"{machine}:{os.environ['PATH']}"
+    if activated:
+        path = f"{venv}/bin:{path}"
+    # relative to the checkout, as the default .venv is
+    relative = os.path.relpath(venv, REPO)
+    proc = make(
+        "gpu-check", f"VENV={relative}", "DEVICE=cpu", f"WHEELS={wheels}", path=path, PYTHONPATH=""
+    )
+    assert proc.returncode == 0, proc.stderr
+    calls = log.read_text().splitlines()
+    # the failed install ran the venv's python3: it is the one on the exported PATH
+    assert any(call.startswith("venv -c ") for call in calls), calls
+    assert [call for call in calls if not call.startswith("venv ")] == [
+        "machine -m pip install -q --no-index --no-deps --upgrade --target .gpu-site "
+        f"{wheels}/a-1.0-py3-none-any.whl PYTHONPATH=",
+        f"machine -m benchmarks.gpu_check --device cpu PYTHONPATH={REPO}/.gpu-site",
+    ]
+    assert f"using {machine}/python3 and its own torch" in proc.stderr
+
+
+def test_gpu_wheels_downloads_into_DIR_and_without_it_says_so_before_any_install(tmp_path):
+    proc = make("-n", "gpu-wheels", "DIR=/carry/wheels", "VENV=.venv")
+    assert proc.stdout.splitlines()[-1] == (
+        ".venv/bin/python -m benchmarks.gpu_wheels --download /carry/wheels"
+    )
+    venv = tmp_path / "venv"
+    proc = make("gpu-wheels", f"VENV={venv}")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("make")]
+    assert errors == ["error: make gpu-wheels DIR=<directory>: where to put the wheels"]
+    assert not venv.exists()
 
 
 def test_an_old_python_is_refused_in_one_line_before_any_install(tmp_path):

@@ -15,7 +15,7 @@ from pipeline.reporting import answer
 from pipeline.reporting.compare import register
 from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
 from pipeline.tracking.comparison import register_model, seed_accuracies
-from pipeline.tracking.mlflow_run import MODEL_NAME, Tracker
+from pipeline.tracking.mlflow_run import MODEL_NAME, Tracker, tensor_signature
 from pipeline.training.final_model import input_example, model_source, plain_model
 from pipeline.training.model import build_model
 from support import run_summary
@@ -78,6 +78,8 @@ def test_the_final_model_is_logged_once_and_loads_as_trained(tmp_path, store, re
     info = mlflow.models.get_model_info(f"runs:/{tracker.run_id}/model")
     (tensor,) = info.signature.inputs.inputs
     assert tensor.shape == (-1, 1, 28, 28) and str(tensor.type) == "float32"
+    (logits,) = info.signature.outputs.inputs
+    assert logits.shape == (-1, 10) and str(logits.type) == "float32"
     assert info.saved_input_example_info is not None
 
 
@@ -98,6 +100,15 @@ def test_the_final_figures_are_the_logged_models_so_mlflow_ranks_them(tmp_path, 
     assert [m.model_id for m in ranked] == [model.model_id]
     # the run's per-epoch series keep their own names: no final point among them
     assert store.get_metric_history(tracker.run_id, "test_acc") == []
+
+
+def test_the_signature_is_the_one_mlflow_infers_from_the_batches(results):
+    out, data, _ = results
+    module, example, _ = model_source(out, data)()
+    with torch.no_grad():
+        output = module(torch.from_numpy(example)).numpy()
+    inferred = mlflow.models.infer_signature(example, output)
+    assert tensor_signature(example, output).to_dict() == inferred.to_dict()
 
 
 def test_the_recommended_model_is_registered_once(tmp_path, store, results):

@@ -387,14 +387,34 @@ def plain_parallel(model: nn.Module, pipelined: bool = False) -> Run:
     return DataParallelRun(forward=model, **where)
 
 
-def test_a_pipeline_schedule_takes_neither_autocast_nor_channels_last():
+def test_a_pipeline_schedule_takes_bf16_autocast_but_not_channels_last():
     model = build_model(4, 0)
     prec, channels_last = fit_to_strategy(
         build_precision("bf16", CPU), plain_parallel(model, pipelined=True), FACTS, True
     )
-    assert prec.name == "fp32" and prec.autocast_dtype is None and not channels_last
-    assert any("bf16" in n for n in prec.notes) and any("channels_last" in n for n in prec.notes)
+    assert prec.name == "bf16" and prec.autocast_dtype == torch.bfloat16 and not channels_last
+    assert prec.notes == [
+        "channels_last: not applied; pipeline stages send activations contiguous NCHW"
+    ]
     assert all(p.is_contiguous() for p in model.parameters())
+
+
+# (the GradScaler of fp16 on CUDA, built without CUDA here, says it disables itself)
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
+def test_a_pipeline_schedule_falls_back_from_fp16_which_needs_loss_scaling():
+    """fp16 (an older GPU's auto) scales the loss before backward; the schedule runs its own."""
+    cuda = torch.device("cuda")
+    prec, _ = fit_to_strategy(
+        build_precision("fp16", cuda, capability=(7, 0)),
+        plain_parallel(build_model(4, 0), pipelined=True),
+        FACTS,
+        False,
+    )
+    assert prec.name == "fp32" and prec.autocast_dtype is None and prec.scaler is None
+    assert prec.notes == [
+        "precision fp16 on cuda: the pipeline schedule runs backward itself, without the loss "
+        "scaling fp16 needs; running fp32 instead"
+    ]
 
 
 def test_channels_last_converts_the_wrapped_model_in_place():

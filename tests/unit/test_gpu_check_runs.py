@@ -1,0 +1,70 @@
+"""What gpu-check trains and how it counts the MLflow runs (benchmarks/gpu_check.py), without
+a GPU: the plan of its runs, and the mlflow_runs check against a real SQLite store. (Its CPU
+path end to end: tests/e2e/test_gpu_check.py.)"""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from benchmarks.gpu_check import EXPERIMENT, SIZES, check_mlflow, planned_runs
+from pipeline.strategies import NAMES
+
+
+def test_every_run_on_a_gpu_logs_to_the_checks_experiment_single_at_defaults_too():
+    """single_defaults once went to params.yaml's experiment: 6 runs counted for 7 stages."""
+    runs = planned_runs(list(NAMES), "cuda", SIZES["cuda"], real_data=True)
+    assert list(runs) == [*NAMES, "single_defaults"]
+    assert runs["single_defaults"] == (
+        "single",
+        ["devices=0", "train.epochs=2", f"mlflow.experiment={EXPERIMENT}"]
+        + ["data.limit_train=60000", "data.limit_test=10000"],
+    )
+    for row, (_, overrides) in runs.items():
+        assert f"mlflow.experiment={EXPERIMENT}" in overrides, row
+        assert "data.limit_train=60000" in overrides, row
+
+
+def test_the_cpu_run_has_no_defaults_row_and_limits_only_the_real_data():
+    runs = planned_runs(["single", "fsdp"], "cpu", SIZES["cpu"], real_data=False)
+    assert runs["fsdp"] == (
+        "fsdp",
+        ["devices=cpu", "fsdp.nproc=1", "model.width=8", "train.batch_size=32"]
+        + ["train.epochs=2", "train.eval_batch_size=64", "train.channels_last=false"]
+        + [f"mlflow.experiment={EXPERIMENT}"],
+    )
+    assert list(runs) == ["single", "fsdp"]
+    real = planned_runs(["single"], "cpu", SIZES["cpu"], real_data=True)
+    assert real["single"][1][-2:] == ["data.limit_train=512", "data.limit_test=128"]
+
+
+def finished(client: MlflowClient, experiment: str, acc: float) -> dict:
+    """A stage's finding as gpu-check gathers it, with its FINISHED run in `experiment`."""
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    run = client.create_run(experiment_id)
+    client.log_metric(run.info.run_id, "test_acc", acc)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return {"run": {"run_id": run.info.run_id}, "metrics": {"test_acc": acc}}
+
+
+def test_mlflow_runs_counts_each_stages_own_run_in_the_experiment(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    rows = {"single": finished(client, EXPERIMENT, 0.9), "dp": finished(client, EXPERIMENT, 0.8)}
+    assert check_mlflow(uri, rows) == {
+        "check": "mlflow_runs",
+        "ok": True,
+        "detail": "2 runs in experiment 'gpu-check' for 2 stages",
+    }
+    elsewhere = {**rows, "single_defaults": finished(client, "parallel-lab", 0.9)}
+    result = check_mlflow(uri, elsewhere)
+    assert not result["ok"]
+    assert result["detail"] == (
+        "2 runs in experiment 'gpu-check' for 3 stages; single_defaults: in experiment "
+        "'parallel-lab'"
+    )
+    shared = {**rows, "single_defaults": rows["single"]}
+    result = check_mlflow(uri, shared)
+    assert not result["ok"]
+    assert result["detail"].endswith("; single_defaults: the run of single")
+    assert "gpu-check: FAIL mlflow_runs:" in capsys.readouterr().out
