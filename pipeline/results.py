@@ -125,6 +125,10 @@ class RunSummary:
     steady_basis: str = "steady"
     # why a speed figure is empty or includes warm-up, in words; None: neither
     speed_note: Optional[str] = None
+    # the speed options as they applied, after every fallback: precision, channels_last,
+    # compile (its mode or "off"), cuda_graphs ("none", "compile": compile's per forward and
+    # backward, "step": the whole step); empty in files written before it existed
+    speed_features: dict[str, Any] = field(default_factory=dict)
     # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share") of the training
     # steps; the same of evaluation prefixed "eval_" (eval_peak_memory_mib, ...)
@@ -232,6 +236,16 @@ def steady_samples_per_s(history: list[EpochRow]) -> Optional[float]:
         return None
     samples = statistics.median(r.samples_per_s * r.epoch_seconds for r in rows)
     return samples / statistics.median(r.epoch_seconds for r in rows)
+
+
+def steady_spread(history: list[EpochRow]) -> Optional[float]:
+    """The epoch-to-epoch spread (max - min) of samples/s over the epochs the steady figure
+    is taken over (`steady_rows`): how far apart two runs' throughput can be by chance alone.
+    None with fewer than two such epochs."""
+    rows = steady_rows(history)
+    if len(rows) < 2:
+        return None
+    return max(r.samples_per_s for r in rows) - min(r.samples_per_s for r in rows)
 
 
 def _epochs(numbers: list[int]) -> str:

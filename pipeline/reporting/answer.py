@@ -10,10 +10,14 @@ Objectives (a strategy missing the figure is left out of that objective and name
   memory_balance     lowest training memory imbalance (max/mean over devices), among the
                      strategies that spread over more than one device
 Two strategies tie when their figures read the same at the precision the report shows them,
-and, in the memory rankings, when they differ by no more than the larger of the two
-strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of one
-run's memory measurement); tied strategies are all recommended, the best exact figure first.
-With one epoch there is no spread, and the answer says the difference is untested.
+and, in the memory rankings and throughput, when they differ by no more than the larger of the
+two strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of
+one run's memory measurement; results.steady_spread: the max - min of samples/s over the
+steady epochs); tied strategies are all recommended, the best exact figure first. Without a
+spread (one epoch; one steady epoch for throughput) the answer says the difference is
+untested. Where the speed objectives set runs against each other whose speed options differ
+(precision, channels_last, compile, CUDA graphs: RunSummary.speed_features), a reason says so:
+the difference is not the strategies' alone.
 
 Accuracy differences against `single` are called real or within noise only with a measured
 noise estimate: the spread (max - min) of final test accuracy across seeds of otherwise
@@ -31,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pipeline.reporting.table import BASELINE, Row
+from pipeline.reporting.table import BASELINE, Row, features_text
 from pipeline.results import WARMUP_STANDS_IN
 from pipeline.tracking.comparison import RECOMMENDED, Registration
 
@@ -58,6 +62,8 @@ OBJECTIVE_ALIASES = {
     "peak_memory": "least-memory",
     "memory_balance": "most-even-memory",
 }
+# the objectives that compare speed, which the speed options (compile, CUDA graphs) change
+SPEED_OBJECTIVES = ("fastest_to_target", "throughput")
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,7 @@ class _Objective:
     # of two strategies' spreads is a tie; None: the precision rule alone
     spread: Optional[str] = None
     spread_shown: str = ""  # its format and unit in the reasons: ".0f MiB"
+    spread_needs: str = "2 or more epochs"  # what measuring the spread takes
 
 
 def _and(names: Sequence[str]) -> str:
@@ -174,6 +181,9 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
             lambda v: f"{v:.0f}",
             False,
             lambda r, v: f"{r['strategy']} {v:.0f} samples/s",
+            "steady_samples_per_s_spread",
+            ".0f samples/s",
+            "2 or more steady epochs",
         ),
         _Objective(
             "peak_memory",
@@ -199,7 +209,7 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
 
 
 def _ties(objective: _Objective, best_row: Row, best: float, row: Row, value: float) -> bool:
-    """Reads the same as the best, or (memory) lies within the larger measured spread."""
+    """Reads the same as the best, or lies within the larger measured spread."""
     if objective.shown(value) == objective.shown(best):
         return True
     if objective.spread is None:
@@ -214,8 +224,8 @@ def _spread_reason(objective: _Objective, ranked: list[Row]) -> str:
     known = [(r["strategy"], r[key]) for r in ranked if r.get(key) is not None]
     if not known:
         return (
-            "no epoch-to-epoch spread measured (it takes 2 or more epochs): the differences "
-            "are not tested against noise"
+            f"no epoch-to-epoch spread measured (it takes {objective.spread_needs}): the "
+            "differences are not tested against noise"
         )
     spec, _, unit = objective.spread_shown.partition(" ")
     cells = ", ".join(f"{name} {s:{spec}}{' ' + unit if unit else ''}" for name, s in known)
@@ -313,6 +323,7 @@ def _recommend(
         within = any(objective.shown(v) != objective.shown(best) for _, v in winners)
         reasons.append(f"{_and(names)} tie{' within the spread' if within else ''} ({cells})")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
+    compared: list[str] = list(names[1:])  # what the reasons set the winner against
     if objective.key == "memory_balance":
         primary = _winner_reason(objective.key, best_row, best, device)
         if rest:
@@ -320,12 +331,14 @@ def _recommend(
         reasons.append(primary)
     elif base is not None and BASELINE not in names:
         reasons.append(_ratio_reason(objective.key, names[0], best, BASELINE, base, device))
+        compared.append(BASELINE)
     elif rest:
         runner, theirs = rest[0]
         reasons.append(
             _ratio_reason(objective.key, names[0], best, runner["strategy"], theirs, device)
             + " (the next best)"
         )
+        compared.append(runner["strategy"])
     elif len(winners) == 1:
         only = "the only strategy compared" if len(rows) == 1 else "the only one measured"
         reasons.append(f"{_winner_reason(objective.key, best_row, best, device)}; {only}")
@@ -334,12 +347,31 @@ def _recommend(
     warm = [r["strategy"] for r, _ in measured if r.get("steady_basis") == WARMUP_STANDS_IN]
     if objective.key == "throughput" and warm:
         reasons.append(f"including warm-up (no epoch free of it): {', '.join(warm)}")
+    if objective.key in SPEED_OBJECTIVES:
+        differ = _features_differ(best_row, [r for r in rows if r["strategy"] in compared])
+        if differ:
+            reasons.append(differ)
     if objective.spread is not None and len(measured) > 1:
         reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
     return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy)
+
+
+def _features_differ(best: Row, others: list[Row]) -> Optional[str]:
+    """A reason where the winner ran with other speed options than a strategy it is set
+    against (a graphed or compiled run against an eager one, bf16 against fp32); None where
+    they match, or where a run's options were not recorded."""
+    mine = best.get("speed_features") or {}
+    unlike = [r for r in others if r.get("speed_features") and mine and r["speed_features"] != mine]
+    if not unlike:
+        return None
+    cells = "; ".join(f"{r['strategy']}: {features_text(r['speed_features'])}" for r in unlike)
+    return (
+        f"not like for like: {best['strategy']} ran {features_text(mine)}; {cells} (part of "
+        "the difference is the speed options', not the strategies')"
+    )
 
 
 # --- the answer ------------------------------------------------------------------------------

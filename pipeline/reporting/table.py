@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Optional
 
-from pipeline.results import WARMUP_STANDS_IN, EpochRow, RunSummary
+from pipeline.results import WARMUP_STANDS_IN, EpochRow, RunSummary, steady_spread
 
 BASELINE = "single"
 Row = dict[str, Any]  # one strategy's row: its summary.json figures and the cross-strategy ones
@@ -75,6 +75,9 @@ def comparison_rows(
                 "warmup_epoch_s": r.warmup_epoch_seconds,
                 "steady_epoch_s": r.steady_epoch_seconds,
                 "steady_samples_per_s": r.steady_samples_per_s,
+                # max - min of the steady epochs' samples/s: a smaller difference is a tie
+                "steady_samples_per_s_spread": steady_spread(histories[r.strategy]),
+                "speed_features": r.speed_features,  # what ran: precision, compile, graphs
                 "steady_basis": r.steady_basis,
                 "speed_note": r.speed_note,  # why a speed figure is empty or includes warm-up
                 "speedup_vs_single": up,
@@ -113,6 +116,24 @@ def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> 
         return f"{v:{spec}}" + (warm if marked else "")
 
     return cell
+
+
+def features_text(features: dict[str, Any]) -> str:
+    """A run's speed options as they applied (RunSummary.speed_features), in a few words:
+    "bf16, channels_last, compile (reduce-overhead), CUDA graphs of compile"; "n/a" for
+    results written before they were recorded."""
+    if not features:
+        return "n/a"
+    parts = [features["precision"]]
+    if features.get("channels_last"):
+        parts.append("channels_last")
+    mode = features.get("compile", "off")
+    if mode != "off":
+        parts.append("compile" if mode == "default" else f"compile ({mode})")
+    graphs = {"compile": "CUDA graphs of compile", "step": "CUDA graph of the whole step"}
+    if features.get("cuda_graphs") in graphs:
+        parts.append(graphs[features["cuda_graphs"]])
+    return ", ".join(parts)
 
 
 def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
@@ -164,6 +185,7 @@ def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, C
             _target_cell if target is not None else lambda v, row: "no target set",
         ),
         ("peak_memory_mib", f"training {peak}", _busiest_cell),
+        ("speed_features", "speed features", lambda v, row: features_text(v)),
     ]
 
 

@@ -27,6 +27,7 @@ from pipeline.strategies.base import (
     StrategyFacts,
     StrategySpec,
 )
+from pipeline.training.graphed_step import GraphedStep, step_graph
 from pipeline.training.model import build_model
 from pipeline.training.optim import loss_function, make_optimizer
 from pipeline.training.precision import (
@@ -50,10 +51,14 @@ class Training:
     # a pipeline, whose schedule runs its own stages
     forward: Optional[Forward]
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
+    # the whole step as one CUDA graph (train.cuda_graph: step, where it applies); None: eager
+    graphed: Optional[GraphedStep]
     # how `forward` was made, for a run's setting measured before training (tuning.py)
     loop: LoopForward
     # the strategy's, then the precision's, compile's, the loader's and memory's
     notes: tuple[str, ...]
+    # the speed options as they applied (`speed_features`): the report and MLflow tags
+    features: dict[str, Any]
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
@@ -81,8 +86,12 @@ def build_training(
     pipelined = isinstance(run, PipelinedRun)
     train = cfg.train
 
+    graphed, mode, graph_notes = step_graph(
+        train, facts.cuda_graphs, device, ctx.world_size, run.devices, prec.name
+    )
+
     def prepare(module_forward: Optional[Forward]) -> tuple[Optional[Forward], list[str]]:
-        return compile_forward(module_forward, train.compile, train.compile_mode, facts.cuda_graphs)
+        return compile_forward(module_forward, train.compile, mode, facts.cuda_graphs)
 
     def as_the_loop_runs(module_forward: Forward) -> Forward:
         compiled, _ = prepare(module_forward)
@@ -90,7 +99,9 @@ def build_training(
         return compiled
 
     forward, compile_notes = prepare(run.forward if isinstance(run, DataParallelRun) else None)
-    new_graph_step = graph_step_marker(train, facts.cuda_graphs)
+    optimizer = make_optimizer(run.module.parameters(), cfg.train)
+    # compile's own graphs and their step marker give way to the whole step's
+    new_graph_step = graph_step_marker(train, facts.cuda_graphs and not graphed)
     loader = make_batches(
         data,
         cfg.data,
@@ -114,12 +125,52 @@ def build_training(
             channels_last=channels_last,
             new_graph_step=new_graph_step,
         ),
-        notes=(*run.notes, *prec.notes, *compile_notes, *loader.notes, *memory.notes(device)),
+        notes=(
+            *run.notes,
+            *prec.notes,
+            *compile_notes,
+            *graph_notes,
+            *loader.notes,
+            *memory.notes(device),
+        ),
+        features=speed_features(
+            prec.name,
+            channels_last,
+            mode if forward is not None and train.compile else None,
+            facts.cuda_graphs,
+            graphed,
+            device,
+        ),
         prec=prec,
         loader=loader,
-        optimizer=make_optimizer(run.module.parameters(), cfg.train),
+        optimizer=optimizer,
         loss_fn=loss_function(cfg.train, schedule_owns_loss=pipelined),
+        graphed=GraphedStep(optimizer, device) if graphed else None,
     )
+
+
+def speed_features(
+    precision: str,
+    channels_last: bool,
+    compile_mode: Optional[str],
+    cuda_graphs: bool,
+    graphed: bool,
+    device: torch.device,
+) -> dict[str, Any]:
+    """The speed options a run applied, after every fallback, as summary.json's
+    `speed_features` and the MLflow tags `speed.<key>` carry them, so a comparison can say
+    when two runs differ in more than their strategy. `compile_mode`: the mode the forward
+    was compiled in, None where it was not; `cuda_graphs`: the strategy takes them
+    (StrategyFacts); `graphed`: the whole step is one graph."""
+    if compile_mode == "reduce-overhead" and not cuda_graphs:
+        compile_mode = "default"  # as compile_forward runs it
+    compile_graphs = device.type == "cuda" and compile_mode in ("reduce-overhead", "max-autotune")
+    return {
+        "precision": precision,
+        "channels_last": channels_last,
+        "compile": compile_mode or "off",
+        "cuda_graphs": "step" if graphed else "compile" if compile_graphs else "none",
+    }
 
 
 def fit_to_strategy(

@@ -60,6 +60,9 @@ from pipeline.training.topology import (
 # how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
 # (the default, where CUDA allows) or spawn
 START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
+# torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
+# compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
+COMPILE_CACHE = Path(".cache/torch-compile")
 
 
 def check_writable(directory: Path) -> None:
@@ -128,6 +131,10 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
             }
         )
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        # a repeat run loads what an earlier one compiled instead of compiling again (issue
+        # 29), in a container too, where the repository is the mount that outlives it;
+        # where the user named a cache, theirs
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(COMPILE_CACHE.resolve()))
         mark("agent")  # validated, torch and the project imported
         start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":

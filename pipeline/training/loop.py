@@ -21,6 +21,7 @@ from pipeline.strategies.base import PipelinedRun
 from pipeline.timeline import mark
 from pipeline.training.build import Training
 from pipeline.training.faults import Fault
+from pipeline.training.graphed_step import Step
 from pipeline.training.live import LiveProgress
 from pipeline.training.optim import lr_at, set_lr
 from pipeline.training.stop import StopRequest
@@ -42,8 +43,7 @@ def train_epoch(
     here waits for the GPU. `live`: the writer's progress report (a bar or log lines, MLflow
     step metrics), which reads `totals` without waiting either. Returns the step it stopped
     before on SIGTERM, else None."""
-    run, prec, optimizer, loader = training.run, training.prec, training.optimizer, training.loader
-    accum = training.plan.grad_accum
+    run, optimizer, loader = training.run, training.optimizer, training.loader
     run.module.train()
     steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
     if live is not None:
@@ -54,30 +54,61 @@ def train_epoch(
         if fault is not None:
             fault.fire_if("step", rank, epoch + 1, step, signalled=lambda: stop.flag)
         set_lr(optimizer, lr_at(train, epoch * loader.steps + step, loader.steps))
-        for micro, (x, y) in enumerate(micro_batches):
-            training.new_graph_step()  # the last step's outputs are consumed (totals queued)
-            logits: torch.Tensor | None
-            if isinstance(run, PipelinedRun):
-                with prec.autocast():  # the schedule runs forward and backward itself
-                    logits = run.step(x, y, True)
-            else:
-                assert training.forward is not None  # a DataParallelRun always has one
-                with run.reduce_grads_if(micro == accum - 1):
-                    with prec.autocast():
-                        logits = training.forward(x)
-                        # mean over this rank's share; DDP/FSDP average over ranks, and
-                        # / accum makes the accumulated gradient the mean over the global batch
-                        loss = training.loss_fn(logits, y.to(logits.device)) / accum
-                    prec.backward(loss)  # scaled first when fp16 needs it
-            if logits is not None:
-                totals += batch_totals(logits.detach(), y)
-        prec.step(optimizer)
+        if training.graphed is not None:  # one micro-batch (graphed_step.step_graph)
+            ((x, y),) = micro_batches
+            training.graphed(whole_step(training), x, y, totals)
+        else:
+            eager_step(training, micro_batches, totals)
         if step == start_step:
             mark("first step", rank)  # queued, on a GPU: the host's view
-        optimizer.zero_grad(set_to_none=True)
         if live is not None:
             live.step(step + 1)
     return None
+
+
+def eager_step(
+    training: Training, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], totals: torch.Tensor
+) -> None:
+    """One optimizer step over this rank's micro-batches, kernel by kernel."""
+    run, prec, optimizer = training.run, training.prec, training.optimizer
+    accum = training.plan.grad_accum
+    for micro, (x, y) in enumerate(micro_batches):
+        training.new_graph_step()  # the last step's outputs are consumed (totals queued)
+        logits: torch.Tensor | None
+        if isinstance(run, PipelinedRun):
+            with prec.autocast():  # the schedule runs forward and backward itself
+                logits = run.step(x, y, True)
+        else:
+            assert training.forward is not None  # a DataParallelRun always has one
+            with run.reduce_grads_if(micro == accum - 1):
+                with prec.autocast():
+                    logits = training.forward(x)
+                    # mean over this rank's share; DDP/FSDP average over ranks, and
+                    # / accum makes the accumulated gradient the mean over the global batch
+                    loss = training.loss_fn(logits, y.to(logits.device)) / accum
+                prec.backward(loss)  # scaled first when fp16 needs it
+        if logits is not None:
+            totals += batch_totals(logits.detach(), y)
+    prec.step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def whole_step(training: Training) -> Step:
+    """The step graphed_step.py captures: what `eager_step` computes for one micro-batch of
+    a DataParallelRun without a loss scaler (the only runs it applies to), with autocast's
+    cast cache off, as a capture requires (a cached cast would not be redone in a replay)."""
+    prec, optimizer, forward = training.prec, training.optimizer, training.forward
+    assert forward is not None
+
+    def step(x: torch.Tensor, y: torch.Tensor, totals: torch.Tensor) -> None:
+        with prec.autocast(cache=False):
+            logits = forward(x)
+            loss = training.loss_fn(logits, y.to(logits.device))
+        loss.backward()
+        optimizer.step()
+        totals += batch_totals(logits.detach(), y)
+
+    return step
 
 
 def batch_totals(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

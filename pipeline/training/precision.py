@@ -24,6 +24,7 @@ average scaled gradients with unscaled ones.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
@@ -50,10 +51,12 @@ class Precision:
     scaler: Optional[torch.amp.GradScaler] = None  # fp16 only
     notes: list[str] = field(default_factory=list)
 
-    def autocast(self) -> ContextManager[object]:
+    def autocast(self, cache: bool = True) -> ContextManager[object]:
+        """`cache`: autocast keeps each weight's cast for the rest of the forward; off for a
+        CUDA graph capture, whose replays must cast afresh (graphed_step.py)."""
         if self.autocast_dtype is None:
             return nullcontext()
-        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
@@ -250,6 +253,23 @@ def compile_forward(
     if mode != "default":
         notes.append(f"compile mode: {mode}")
     return torch.compile(forward, dynamic=False, mode=mode), notes
+
+
+def compile_cache_line() -> str:
+    """What this process's compilation took from inductor's on-disk cache (its FX graph
+    cache: each compiled forward and backward graph) and what it compiled afresh, for the
+    stage's log: a repeat run of the same code and settings loads every graph (issue 29;
+    the launcher keeps the cache in the project)."""
+    from torch._dynamo.utils import counters
+
+    found = counters["inductor"]
+    loaded, compiled = found["fxgraph_cache_hit"], found["fxgraph_cache_miss"]
+    where = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's default directory")
+    bypassed = found["fxgraph_cache_bypass"]
+    return (
+        f"compile cache: {loaded} of {loaded + compiled + bypassed} graphs loaded from {where}, "
+        f"{compiled} compiled" + (f", {bypassed} not cacheable" if bypassed else "")
+    )
 
 
 def graph_step_marker(train: TrainConfig, cuda_graphs: bool) -> Callable[[], None]:

@@ -42,6 +42,11 @@ def writer_log(name: str, writer: bool) -> Callable[[str], None]:
     return say
 
 
+def _tag(value: Any) -> str:
+    """A tag's text: true/false for a flag, as params.yaml writes it."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 class RunRecorder:
     def __init__(
         self,
@@ -84,6 +89,8 @@ class RunRecorder:
             "batch_split": "+".join(map(str, run.batch_split)),
             "dvc_stage": f"train@{self.name}",
             "parallel_lab_fingerprint": self.key,  # what results/<strategy>/summary.json calls it
+            # the speed options as they applied (build.speed_features), for MLflow's filters
+            **{f"speed.{k}": _tag(v) for k, v in self.training.features.items()},
             # MLflow's run description: what the comparison must be read with
             "mlflow.note.content": "\n".join(self.notes),
             **gpu_tags(gpus),
@@ -189,6 +196,7 @@ class RunRecorder:
             # steady figures leave out every warm-up epoch (results.steady_rows), and a split
             # one always; where none is left they are None, speed_note saying why
             **speed_figures(history),
+            speed_features=dict(self.training.features),
             memory=memory.run_summary([r.memory for r in history]),
             notes=list(self.notes),
         )

@@ -36,6 +36,7 @@ from pipeline.training.hardware import run_hardware
 from pipeline.training.identity import run_identity
 from pipeline.training.live import LiveProgress, LiveSettings
 from pipeline.training.loop import evaluate, reduce_totals, train_epoch, wait_for_device
+from pipeline.training.precision import compile_cache_line
 from pipeline.training.recorder import RunRecorder, writer_log
 from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
@@ -235,6 +236,8 @@ def train_epochs(
     if fault is not None:
         fault.fire_if("end", ctx.rank, signalled=lambda: stop.flag)
     mark("trained", ctx.rank)
+    if training.features["compile"] != "off":
+        recorder.say(compile_cache_line())
     state = run.state_dict()  # a collective for sharded/split models: every rank calls it
     # A SIGTERM after the last step: the results are written all the same, and the final push
     # makes one attempt instead of waiting for the server, well inside torchrun's grace.

@@ -394,6 +394,8 @@ def test_a_run_without_a_steady_epoch_is_not_ranked_on_speed_and_says_why(tmp_pa
     assert throughput.reasons == (
         "ddp: 2.00x dp's steady samples/s (32 vs 16 samples/s) (the next best)",
         "including warm-up (no epoch free of it): dp, ddp",
+        "no epoch-to-epoch spread measured (it takes 2 or more steady epochs): the differences "
+        "are not tested against noise",
         f"no steady figure, not ranked: single ({note})",
     )
     claim = answer.recommend(rows, TARGET).notes_claim

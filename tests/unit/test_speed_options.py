@@ -405,7 +405,7 @@ def test_a_pipeline_schedule_falls_back_from_fp16_which_needs_loss_scaling():
     """fp16 (an older GPU's auto) scales the loss before backward; the schedule runs its own."""
     cuda = torch.device("cuda")
     prec, _ = fit_to_strategy(
-        build_precision("fp16", cuda, capability=(7, 0)),
+        build_precision("fp16", cuda, capabilities=[(7, 0)]),
         plain_parallel(build_model(4, 0), pipelined=True),
         FACTS,
         False,

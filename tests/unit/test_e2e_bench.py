@@ -1,0 +1,36 @@
+"""benchmarks/e2e.py --dvc: how it reads each stage's seconds out of one `dvc repro` (DVC's
+output, stamped as each line arrived) and each train stage's own process out of the
+pipeline/timeline.py marks. The timing itself is a benchmark's, run by hand (README
+"Performance")."""
+
+from benchmarks.e2e import stage_seconds, train_process_seconds
+
+
+def test_each_stage_runs_from_its_line_to_the_next():
+    stamped = [
+        (1.0, "Running stage 'fetch':\n"),
+        (1.1, "> python -m pipeline.fetch\n"),
+        (3.0, "Running stage 'train@single':\n"),
+        (9.5, "Running stage 'compare':\n"),
+        (11.0, "Updating lock file 'dvc.lock'\n"),
+    ]
+    assert stage_seconds(stamped, 0.25, 12.0) == {
+        "dvc start": 0.75,
+        "fetch": 2.0,
+        "train@single": 6.5,
+        "compare": 2.5,
+    }
+
+
+def test_a_train_stage_process_runs_from_its_command_to_its_workers_end():
+    timeline = "\n".join(
+        [
+            "100.0 7 command",
+            "101.0 7 agent",
+            "101.5 8 worker",  # rank 0, a process of its own
+            "104.0 7 workers ended",
+            "110.0 9 command",
+            "112.5 9 workers ended",
+        ]
+    )
+    assert train_process_seconds(timeline) == [4.0, 2.5]
