@@ -261,9 +261,10 @@ def text_table(rows: list[dict], target: Optional[float]) -> str:
 def summary_json(rows: list[dict]) -> dict:
     """reports/summary.json, the compare stage's DVC metrics: final test accuracy ("acc") and
     steady samples/s ("sps") keyed by strategy. Short keys that no other metrics or params
-    file has, so `dvc exp show` heads its columns "acc.ddp" (README "Changing parameters":
-    its recommended command keeps just these, about 200 characters wide); the rest of
-    each strategy's figures are results/<strategy>/metrics.json and reports/comparison.json."""
+    file has, so `dvc exp show` heads its columns "acc.ddp" (docs/configuration.md "Changing
+    parameters": its recommended command keeps just these, about 200 characters wide); the
+    rest of each strategy's figures are results/<strategy>/metrics.json and
+    reports/comparison.json."""
     return {
         "acc": {row["strategy"]: row["test_acc"] for row in rows},
         "sps": {row["strategy"]: row["steady_samples_per_s"] for row in rows},
