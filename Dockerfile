@@ -42,7 +42,7 @@ sys.exit(0 if os.path.exists(h) else f'BASE_IMAGE: {h} is missing; torch.compile
 # stack (triton, nvidia-*, cuda-*), so the image never downloads or replaces a second torch.
 # nvidia-ml-py is the project's own GPU-monitoring dependency, not part of that stack.
 # --no-deps: the lock is complete, and it keeps pip from "upgrading" torch behind our back.
-# TORCH_CUDA (compose: PIPELINE_TORCH_CUDA; README "Older drivers") picks the torch build:
+# TORCH_CUDA (compose: PIPELINE_TORCH_CUDA; docs/docker.md "Older drivers") picks the torch build:
 # cu130 keeps the base's; cu126 replaces the base's pip-installed torch stack (torchaudio
 # too, built against the old torch) with the lock's torch and torchvision from PyTorch's
 # CUDA 12.6 index, torch 2.14's only CUDA 12 build, whose metadata pins the nvidia-*-cu12

@@ -29,7 +29,7 @@ PREREQS := python3 -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if v >= 
 	{ echo "error: $$free GiB free in $(CURDIR); the pinned environment needs about 8 GiB" >&2; \
 	exit 2; }; }
 
-# Which build of the lock's torch and torchvision .venv gets (README "Older drivers"): cu130,
+# Which build of the lock's torch and torchvision .venv gets (docs/docker.md "Older drivers"): cu130,
 # the lock as it is (PyPI's torch, built for CUDA 13.0: NVIDIA driver 580 or newer), or cu126,
 # the same versions from PyTorch's CUDA 12.6 index (driver 525 or newer), whose own metadata
 # pins the CUDA 12 wheels it pulls. The stamp records the build, so later targets keep it;
@@ -97,7 +97,7 @@ docker-quick:  ## make quick in the CPU container, MLflow server and all (Docker
 # (tests/conftest.py).
 PYTEST := $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 
-test: install  ## every test, as CI runs it (CPU; see README "Tests" for what it needs)
+test: install  ## every test, as CI runs it (CPU; see docs/testing.md for what it needs)
 	$(PYTEST)
 
 test-fast: install  ## tests/unit: pure functions and single-process tests, under 3 minutes

@@ -1,7 +1,7 @@
 """The source notes' training loop against the project's, on one machine, in one process.
 
     python -m benchmarks.bench                                  # defaults for this device
-    python -m benchmarks.bench --width 8 --limit-train 6000     # the CPU run in the README
+    python -m benchmarks.bench --width 8 --limit-train 6000     # the CPU run in docs/performance.md
 
 Every row trains the project's ResNet-18 (at --width) with the same global batch on the same
 --limit-train training samples. The rows take turns epoch by epoch, so a change in machine
@@ -77,7 +77,7 @@ GPU_PEAKS = {
     "H100": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
     "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
 }
-FAST = {  # --fast defaults, chosen by measurement (README "Performance")
+FAST = {  # --fast defaults, chosen by measurement (docs/performance.md)
     # bf16 only where the CPU has bf16 instructions: emulated (AVX2) it ran 10x slower
     "cpu": [
         f"train.precision={'bf16' if cpu_has_native_bf16() else 'fp32'}",

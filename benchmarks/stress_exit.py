@@ -1,5 +1,5 @@
 """The 3-process fsdp train stage, run to the end many times beside busy processes: does every
-run exit 0? (The abort at exit, README "Failure handling", showed up only under load.)
+run exit 0? (The abort at exit, docs/reliability.md, showed up only under load.)
 
     python -m benchmarks.stress_exit                     # 20 runs beside 2 busy processes
     python -m benchmarks.stress_exit --runs 50 --busy 3

@@ -122,10 +122,10 @@ class TrainConfig:
     differences grow to 1e-2); tf32 (CUDA tensor cores); bf16 autocast; fp16 autocast + loss
     scaling (CUDA). Modes the device lacks fall back to fp32 with a note. auto: bf16 on a GPU
     with native bfloat16 (compute capability 8.0+), fp16 with loss scaling on an older GPU,
-    fp32 on the CPU (bf16 is slower on most CPUs; README "Performance")."""
+    fp32 on the CPU (bf16 is slower on most CPUs; docs/performance.md)."""
     channels_last: Optional[bool] = None
     """NHWC activations and weights (what tensor-core convolutions want). null = auto: on for
-    a GPU, off on the CPU (README "Performance"). fsdp and pipeline_parallel run without
+    a GPU, off on the CPU (docs/performance.md). fsdp and pipeline_parallel run without
     it."""
     compile: bool = False
     """torch.compile the strategy's forward; the first epoch then includes compilation."""
@@ -137,7 +137,7 @@ class TrainConfig:
     )
     """torch.compile's mode. reduce-overhead replays each compiled forward/backward as one
     CUDA graph, the fastest setting on a GPU, where at batch 256 this model is bound by the
-    host launching kernels (README "Performance"); fsdp compiles in the default mode instead.
+    host launching kernels (docs/performance.md); fsdp compiles in the default mode instead.
     No effect on the CPU."""
     cuda_graph: str = field(default="none", metadata={"choices": ("none", "step")})
     """none | step: capture the whole training step (forward, loss, backward, optimizer step)
@@ -146,7 +146,7 @@ class TrainConfig:
     (single; dp and balanced_dp on one GPU; ddp at world size 1), without gradient
     accumulation or fp16's loss scaler, in fp32, tf32 or bf16; elsewhere the run trains eagerly
     and its notes say why. Replaces compile's own CUDA graphs (reduce-overhead compiles in the
-    default mode under it). Unmeasured on a GPU so far (README "Performance")."""
+    default mode under it). Unmeasured on a GPU so far (docs/performance.md)."""
     lr_schedule: str = field(default="none", metadata={"choices": ("none", "cosine", "onecycle")})
     """none | cosine (linear warm-up, cosine decay to 0) | onecycle (OneCycleLR's shape), per
     optimizer step; the peak is the effective lr (pipeline/training/optim.py)."""

@@ -5,7 +5,7 @@ Anything the user can fix by editing params.yaml, the command line or the data r
 message at the top of every stage entry point. Bugs still raise normally so their traceback
 is not hidden.
 
-A train stage exits with one code per outcome (README "Failure handling"):
+A train stage exits with one code per outcome (docs/reliability.md):
     0   training finished: results/ written (also when a stop signal came after that)
     1   a failure: a crash, a lost rank that no restart recovered
     2   bad input, found before anything ran or by a worker (one line names it)

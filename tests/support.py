@@ -224,7 +224,7 @@ def kept_files(project: Path) -> dict[str, bytes | None]:
 
 
 def refused(project: Path, *args: str, timeout: float = 300, **env: str | None) -> str:
-    """Run `python -m ARGS` in `project`, which must refuse its input (README "Failure
+    """Run `python -m ARGS` in `project`, which must refuse its input (docs/reliability.md "Failure
     handling"): exit code 2, stderr exactly one `error: ...` line, no traceback anywhere, and
     everything KEPT byte-identical, no directory added. Returns the line."""
     before = kept_files(project)

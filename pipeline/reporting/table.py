@@ -140,6 +140,15 @@ def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
     return "not reached" if v is None else f"{v:.1f} s (epoch {row['epoch_to_target']})"
 
 
+_steady_s, _warmup_s = _speed(".2f"), _speed(".2f", steady=False)
+
+
+def _epoch_seconds_cell(v: Optional[float], row: dict[str, Any]) -> str:
+    """The steady epoch and, in brackets, epoch 1's (its one-off start costs): one column."""
+    steady, warmup = _steady_s(v, row), _warmup_s(row["warmup_epoch_s"], row)
+    return steady if warmup == steady and v is None else f"{steady} ({warmup})"
+
+
 def _speedup_cell(v: Optional[float], row: dict[str, Any]) -> str:
     return "n/a" if v is None else f"{v:.2f}x ({row['scaling_efficiency']:.0%})"
 
@@ -174,8 +183,7 @@ def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, C
         ("strategy", "strategy", lambda v, row: v),
         ("n_devices", "devices (processes)", lambda v, row: f"{v} ({row['world_size']})"),
         ("batch_split", "per-device batch", lambda v, row: "+".join(map(str, v))),
-        ("warmup_epoch_s", "warm-up s (epoch 1)", _speed(".2f", steady=False)),
-        ("steady_epoch_s", "steady s/epoch", _speed(".2f")),
+        ("steady_epoch_s", "steady s/epoch (warm-up epoch 1)", _epoch_seconds_cell),
         ("steady_samples_per_s", "steady samples/s", _speed(".0f")),
         ("speedup_vs_single", f"speedup vs {BASELINE} (scaling efficiency)", _speedup_cell),
         ("test_acc", f"final test acc (delta vs {BASELINE})", _accuracy_cell),
@@ -255,9 +263,10 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
 def summary_json(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """reports/summary.json, the compare stage's DVC metrics: final test accuracy ("acc") and
     steady samples/s ("sps") keyed by strategy. Short keys that no other metrics or params
-    file has, so `dvc exp show` heads its columns "acc.ddp" (README "Changing parameters":
-    its recommended command keeps just these, about 200 characters wide); the rest of
-    each strategy's figures are results/<strategy>/metrics.json and reports/comparison.json."""
+    file has, so `dvc exp show` heads its columns "acc.ddp" (docs/configuration.md "Changing
+    parameters": its recommended command keeps just these, about 200 characters wide); the
+    rest of each strategy's figures are results/<strategy>/metrics.json and
+    reports/comparison.json."""
     return {
         "acc": {row["strategy"]: row["test_acc"] for row in rows},
         "sps": {row["strategy"]: row["steady_samples_per_s"] for row in rows},

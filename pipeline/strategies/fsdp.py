@@ -46,7 +46,7 @@ FACTS = StrategyFacts(
     same_at_any_world_size=lambda options: options.sync_bn,
     shaping_keys=("sync_bn", "mixed_precision"),
     # With its per-block all-gather/free hooks between graphs, reduce-overhead ran 24 s an
-    # epoch on an H100, 27x single's (README "Performance").
+    # epoch on an H100, 27x single's (docs/performance.md).
     cuda_graphs=False,
     sharded_parameters=True,
 )

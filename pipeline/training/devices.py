@@ -77,12 +77,12 @@ def resolve_devices(spec: DeviceSpec, visible: list[str]) -> list[str]:
 # driver older than the toolkit ("the provided PTX was compiled with an unsupported
 # toolchain"), which the toolkit's own driver (560 for 12.6) avoids.
 MIN_DRIVER = {"13": 580, "12": 525, "11": 450}
-# The way to a torch for an older driver, as the error says it (README "Older drivers"):
+# The way to a torch for an older driver, as the error says it (docs/docker.md "Older drivers"):
 # torch 2.14's only CUDA 12 build is 12.6.
 CUDA12_ROUTE = (
     "on driver 525 to 579, torch for CUDA 12.6: PIPELINE_TORCH_CUDA=cu126 in .env (the "
     "image's build arg TORCH_CUDA) then docker compose build, or on the host make install "
-    "TORCH_CUDA=cu126 (README 'Older drivers')"
+    "TORCH_CUDA=cu126 (docs/docker.md 'Older drivers')"
 )
 NO_GPUS = ("", "void", "none")  # NVIDIA_VISIBLE_DEVICES values that ask for no GPU
 

@@ -1,8 +1,9 @@
 """The whole training step as one CUDA graph (`train.cuda_graph: step`, issue 30).
 
-At batch 256 this model is bound by the host launching ~400 kernels a step (README
-"Performance"); replaying one graph launches them all at once. The pattern is the one of
-PyTorch's CUDA graphs notes ("whole network capture") and of NVIDIA's MLPerf ResNet:
+At batch 256 this model is bound by the host launching ~400 kernels a step
+(docs/performance.md, "Where the time goes"); replaying one graph launches them all at once.
+The pattern is the one of PyTorch's CUDA graphs notes ("whole network capture") and of
+NVIDIA's MLPerf ResNet:
 
     warm-up   the first WARMUP_STEPS steps run eagerly, on a side stream: they are real
               training steps, and they leave behind what a capture must not allocate

@@ -4,7 +4,7 @@ switches that go with them (TF32, cuDNN autotuning, torch.compile).
 `train.precision`:
   auto  bf16 on GPUs of compute capability 8.0 or newer (native bfloat16), fp16 with loss
         scaling where a GPU is older (bf16 would be emulated there), fp32 on the CPU
-        (measured: README "Performance").
+        (measured: docs/performance.md).
   fp32  IEEE fp32. On CUDA TF32 is switched off for convolutions as well as matmuls (PyTorch
         allows it for cuDNN convolutions by default), so fp32 means fp32 on every GPU.
   fp64  fp64 parameters and inputs, for exact cross-strategy parity tests.
@@ -285,7 +285,7 @@ def graph_step_marker(train: TrainConfig, cuda_graphs: bool) -> Callable[[], Non
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU has bfloat16 instructions (AVX-512 BF16 or AMX). Without them bf16
     is emulated: on an AVX2-only EPYC the compiled bf16 step ran 10x slower than on a Zen 4
-    with AVX-512 BF16, where it was the fastest CPU setting (README "Performance")."""
+    with AVX-512 BF16, where it was the fastest CPU setting (docs/performance.md)."""
     try:
         flags = next(
             line

@@ -1,4 +1,4 @@
-"""The project's own files, damaged, are bad input like any other (README "Failure handling"):
+"""The project's own files, damaged, are bad input like any other (docs/reliability.md):
 exit code 2, one line naming the file and the command that fixes it, and everything the
 project kept byte-identical, the damaged file included (support.refused), with no MLflow run
 added or left RUNNING.

@@ -404,7 +404,7 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
         "--profile",
         "cpu",
     ]
-    # The README's form, but with the images the fixture built (--no-build for --build):
+    # docs/docker.md's form, but with the images the fixture built (--no-build for --build):
     # returns when the pipeline ends, with its exit code; postgres and mlflow stay up.
     up_cmd = [*base, "up", "--no-build", "--exit-code-from", "pipeline-cpu", "pipeline-cpu"]
     url = f"http://127.0.0.1:{port}"

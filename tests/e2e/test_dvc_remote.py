@@ -1,6 +1,6 @@
 """The shipped DVC remote, for real: `dvc push` in one clone, `dvc pull` in a fresh clone
 beside it, and the second clone has every output of the first, byte for byte, with nothing
-for `dvc repro` to run (no retraining); and the README's way to S3 keeps the locked DVC."""
+for `dvc repro` to run (no retraining); and docs/mlflow.md's way to S3 keeps the locked DVC."""
 
 import json
 import re
@@ -74,9 +74,9 @@ def test_push_then_pull_in_another_clone_leaves_nothing_to_run(tmp_path, http_mi
     assert [p for p in trained if pulled[p] != trained[p]] == []
 
 
-def test_the_readmes_s3_install_is_the_locked_dvc():
-    """README's `pip install "dvc[s3]==X"` adds S3 to the DVC the lock pins, not another."""
+def test_the_docs_s3_install_is_the_locked_dvc():
+    """docs/mlflow.md's `pip install "dvc[s3]==X"` adds S3 to the DVC the lock pins, not
+    another."""
     (locked,) = re.findall(r"^dvc==(\S+)$", (REPO / "requirements.lock").read_text(), re.M)
-    assert re.findall(r'pip install "dvc\[s3\]==([^"]+)"', (REPO / "README.md").read_text()) == [
-        locked
-    ]
+    page = (REPO / "docs" / "mlflow.md").read_text()
+    assert re.findall(r'pip install "dvc\[s3\]==([^"]+)"', page) == [locked]

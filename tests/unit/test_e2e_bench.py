@@ -1,7 +1,7 @@
 """benchmarks/e2e.py --dvc: how it reads each stage's seconds out of one `dvc repro` (DVC's
 output, stamped as each line arrived) and each train stage's own process out of the
-pipeline/timeline.py marks. The timing itself is a benchmark's, run by hand (README
-"Performance")."""
+pipeline/timeline.py marks. The timing itself is a benchmark's, run by hand (docs/performance.md,
+"End to end")."""
 
 from benchmarks.e2e import stage_seconds, train_process_seconds
 

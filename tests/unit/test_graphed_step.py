@@ -70,7 +70,7 @@ def train(data, graphed_log: list | None):
     """Two epochs of `single` through the loop: eager, or graphed with the fake graph."""
     cfg = config()
     plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single, CPU, data, plan)
+    training = build_training(cfg, single.SPEC, CPU, data, plan)
     if graphed_log is not None:
         step = GraphedStep(training.optimizer, CPU.device, lambda: FakeGraph(graphed_log), WARMUP)
         training = replace(training, graphed=step)
@@ -182,7 +182,7 @@ def test_the_run_records_which_speed_options_applied(data):
     cfg = config()
     cfg.train.cuda_graph = "step"  # asked, on the CPU: not applied, and the features say so
     plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single, CPU, data, plan)
+    training = build_training(cfg, single.SPEC, CPU, data, plan)
     assert training.graphed is None
     assert "cuda_graph step: not applied (CUDA graphs need a GPU); eager steps" in training.notes
     assert training.features == {

@@ -97,10 +97,10 @@ REGISTERED = Registration(
 )
 
 
-def test_the_main_table_has_eleven_columns_whatever_the_devices():
+def test_the_main_table_has_ten_columns_whatever_the_devices():
     for table_rows in (rows(), rows(nodes=2), rows()[:1]):
         head, body = table.table_cells(table_rows, TARGET)
-        assert len(head) == 11 and {len(cells) for cells in body} == {11}
+        assert len(head) == 10 and {len(cells) for cells in body} == {10}
     head, body = table.table_cells(rows(), TARGET)
     ddp = dict(zip(head, body[3]))
     assert ddp["training peak MiB (busiest GPU)"] == "3000 (gpu_0)"
@@ -167,7 +167,7 @@ def test_the_compare_stage_prints_short_lines_and_files_the_mlflow_link(tmp_path
     page = (tmp_path / "reports/index.html").read_text()
     assert url.replace("&", "&amp;") in page
     main = page.split('<table class="main">', 1)[1].split("</table>", 1)[0]
-    assert main.split("</tr>", 1)[0].count("<th>") == 11
+    assert main.split("</tr>", 1)[0].count("<th>") == 10
     memory = page.split('<table class="devices">', 1)[1].split("</table>", 1)[0]
     assert memory.count("<tr>") == 1 + 41
     metrics = json.loads((tmp_path / "reports/summary.json").read_text())

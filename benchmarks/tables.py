@@ -1,0 +1,378 @@
+"""The measured tables of the documentation, generated from the committed benchmark JSON.
+
+    python -m benchmarks.tables            # rewrite every generated block
+    python -m benchmarks.tables --check    # exit 1 naming each block that differs (a unit test)
+
+A generated block is the text between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->` in
+README.md or docs/*.md; BLOCKS below says which file of benchmarks/results/ each NAME is
+rendered from. The numbers are never typed by hand: a new measurement is a new JSON, then one
+run of this command. The startup and stress-exit blocks take the newest
+`*-startup-*.json` / `*-stress-exit-*.json` (benchmarks/startup.py and stress_exit.py write
+them); while none is committed their blocks stay empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def documents(repo: Path = REPO) -> list[Path]:
+    """Every Markdown file a block may live in."""
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
+# ---- formatting
+
+
+def flops(value: float) -> str:
+    return f"{value / 1e12:.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:.0f} GFLOP/s"
+
+
+def paragraph(text: str) -> str:
+    """Wrapped as the hand-written Markdown around it is; inline code is never split."""
+    return textwrap.fill(text, 95, break_long_words=False, break_on_hyphens=False)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def source(path: Path) -> str:
+    return f"`benchmarks/results/{path.name}`"
+
+
+# ---- benchmarks/bench.py
+
+
+def bench_caption(path: Path, result: dict) -> str:
+    info, s, load = result["info"], result["settings"], result["load_average"]
+    rows = [r for r in result["rows"].values() if r["status"] == "ok"]
+    device = info.get("gpu") or info["cpu"]
+    host = (
+        f"{info['cpu_cores']} {info['cpu']} cores"
+        if "gpu" in info
+        else f"{info['cpu_cores']} cores"
+    )
+    # the baseline keeps the last partial batch, so its samples are the data set's size
+    images = result["rows"]["baseline"].get("samples_per_epoch", s["limit_train"])
+    peaks = {r["precision"]: (r["peak_flops"], r["peak_source"]) for r in rows}
+    peak_text = "; ".join(
+        f"{precision} {flops(value)} ({how})" for precision, (value, how) in peaks.items()
+    )
+    fast = ", ".join(f"`{setting}`" for setting in s["fast"])
+    return (
+        f"From {source(path)}: {device}, {host}, torch {info['torch']}; "
+        f"width {s['width']}, {images} training images, batch {s['batch_size']}; medians of "
+        f"{s['timed_epochs']} epochs after {s['warmup_epochs']} warm-up, rows taking turns; "
+        f"1-minute load average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after. "
+        f"Fast settings: {fast}. {result['flops_per_image'] / 1e9:.3g} GFLOP per training "
+        f"image; MFU against the peak of the row's precision: {peak_text}."
+    )
+
+
+def mfu_cell(name: str, row: dict, info: dict) -> str:
+    mfu = f"{100 * row['mfu']:.1f}%"
+    if name == "baseline" and "gpu" in info and row["precision"] == "fp32":
+        # The notes' loop runs its convolutions on TF32 tensor cores (PyTorch's default on a
+        # GPU); JSON written before bench.py recorded that holds its MFU against the fp32
+        # peak, so it is restated against the TF32 peak, as bench.py now computes it.
+        from benchmarks.bench import GPU_PEAKS
+
+        sheet = next((v for k, v in GPU_PEAKS.items() if k in info["gpu"]), None)
+        if sheet is not None:
+            return f"{100 * row['mfu'] * row['peak_flops'] / sheet['tf32']:.1f}% (TF32 peak)"
+    return mfu
+
+
+def row_label(name: str, row: dict) -> str:
+    if name == "baseline":
+        return "baseline (the notes' loop)"
+    if "reference" in row and not name.startswith("single"):
+        return f"{name} (world size 1)"
+    return name.replace("+mlflow", " + MLflow")
+
+
+def bench_rows(result: dict) -> list[list[str]]:
+    out = []
+    for name, r in result["rows"].items():
+        if r["status"] != "ok":
+            out.append([name, f"{r['status']}: {r['reason']}", *[""] * 6])
+            continue
+        out.append(
+            [
+                row_label(name, r),
+                f"{r['epoch_s']:.2f}",
+                f"{r['first_epoch_s']:.2f}",
+                f"{r['samples_per_s']:.0f}",
+                f"{r['speedup']:.2f}x",
+                f"{r['vs_ref']:.2f}x {r['reference']}" if "vs_ref" in r else "",
+                mfu_cell(name, r, result["info"]),
+                r["precision"],
+            ]
+        )
+    return out
+
+
+def target_value(target: dict) -> str:
+    value = target["value"]
+    if value is None:
+        return "not measured"
+    if target["target"].startswith("MFU"):
+        return f"{100 * value:.1f}%"
+    if "epoch" in target["target"]:
+        return f"{value:.2f} s"
+    return f"{value:.2f}x"
+
+
+def targets(result: dict) -> list[str]:
+    rows = [[t["target"], target_value(t), t["status"]] for t in result["targets"]]
+    return table(["target (bench.py's, as judged then)", "measured", "status"], rows)
+
+
+def bench_block(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    header = [
+        "row",
+        "s/epoch",
+        "1st epoch s",
+        "samples/s",
+        "x baseline",
+        "vs reference",
+        "MFU",
+        "precision",
+    ]
+    return [
+        paragraph(bench_caption(path, result)),
+        "",
+        *table(header, bench_rows(result)),
+        "",
+        *targets(result),
+    ]
+
+
+def strategies_block(path: Path) -> list[str]:
+    """Each strategy at world size 1 against `single` with the same effective settings."""
+    from benchmarks.bench import TARGETS
+
+    result = json.loads(path.read_text())
+    bounds = {key: bound for _, key, bound in TARGETS["cuda"]}
+    rows = []
+    for name in result["ratios_to_single"]:
+        r = result["rows"][name]
+        ref = result["rows"][r["reference"]]
+        bound = bounds.get(name)
+        rows.append(
+            [
+                row_label(name, r),
+                f"{r['epoch_s']:.2f}",
+                f"{r['reference']} {ref['epoch_s']:.2f}",
+                f"{r['vs_ref']:.2f}x",
+                r["precision"],
+                "" if bound is None else f"<= {bound:.2f}x",
+            ]
+        )
+    header = ["strategy", "s/epoch", "its single, s/epoch", "ratio", "precision", "GPU target"]
+    return [
+        paragraph(
+            bench_caption(path, result)
+            + " Ratio: the median over the timed rounds of the strategy's epoch over its"
+            " single's in the same round; GPU target: bench.py's `TARGETS` for a GPU."
+        ),
+        "",
+        *table(header, rows),
+    ]
+
+
+# ---- benchmarks/dp_batchnorm.py
+
+
+def batchnorm_block(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    s = result["settings"]
+    rows = []
+    for split, r in result["results"].items():
+        sizes = [int(n) for n in split.split(",")]
+        label = f"{sizes[0]} (single: unsplit)" if len(sizes) == 1 else "+".join(split.split(","))
+        accs = r["test_acc"]
+        rows.append(
+            [
+                label,
+                str(len(sizes)),
+                f"{r['test_acc_median']:.3f}",
+                f"{min(accs):.3f} to {max(accs):.3f}",
+            ]
+        )
+    batch = sum(int(n) for n in next(iter(result["results"])).split(","))
+    return [
+        paragraph(
+            f"From {source(path)}: width {s['width']}, batch {batch}, {s['epochs']} epochs, "
+            f"lr {s['lr']}, medians of {s['seeds']} seeds."
+        ),
+        "",
+        *table(
+            ["samples per device per forward", "devices", "median test accuracy", "over the seeds"],
+            rows,
+        ),
+    ]
+
+
+# ---- benchmarks/startup.py and benchmarks/stress_exit.py
+
+
+def startup_block(path: Path) -> list[str]:
+    from benchmarks.startup import table as startup_table
+
+    result = json.loads(path.read_text())
+    info = result["info"]
+    return [
+        paragraph(
+            f"From {source(path)}: {info.get('gpu') or info['cpu']}, {info['cpu_cores']} "
+            f"cores, torch {info['torch']}; medians of {result['settings']['runs']} runs of "
+            "each strategy and start method (forked, spawned)."
+        ),
+        "",
+        startup_table(result),
+    ]
+
+
+def stress_exit_block(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    info, s = result["info"], result["settings"]
+    runs = len(result["runs"])
+    bad = ", ".join(str(i) for i in result["bad_runs"]) or "none"
+    return [
+        paragraph(
+            f"From {source(path)}: {info.get('gpu') or info['cpu']}, {info['cpu_cores']} "
+            f"cores, torch {info['torch']}; {s['busy']} busy processes beside the runs."
+        ),
+        "",
+        *table(
+            ["runs", "clean runs", "bad runs", "median s per run", "total s"],
+            [
+                [
+                    str(runs),
+                    str(runs - len(result["bad_runs"])),
+                    bad,
+                    f"{result['median_run_s']:.1f}",
+                    f"{result['total_s']:.0f}",
+                ]
+            ],
+        ),
+    ]
+
+
+# ---- the blocks
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    render: Callable[[Path], list[str]]
+    file: str = ""  # a fixed file of benchmarks/results/, which must exist
+    newest: str = ""  # or the newest file matching this pattern, if any
+
+    def path(self, results: Path) -> Optional[Path]:
+        if self.file:
+            return results / self.file
+        # the writers end each name with the date, <machine>-startup-YYYY-MM-DD.json
+        found = sorted(results.glob(self.newest), key=lambda p: p.name[-len("YYYY-MM-DD.json") :])
+        return found[-1] if found else None
+
+    def text(self, results: Path) -> str:
+        path = self.path(results)
+        return "" if path is None else "\n" + "\n".join(self.render(path)) + "\n\n"
+
+
+BLOCKS = [
+    Block("cpu-avx512", bench_block, file="cpu2-amd-epyc-2026-11-21.json"),
+    Block("cpu-avx2", bench_block, file="cpu2-amd-epyc-2026-11-23.json"),
+    Block("cpu-strategies", strategies_block, file="cpu2-amd-epyc-2026-11-24.json"),
+    Block("h100", bench_block, file="nvidia-h100-80gb-hbm3-2026-11-23.json"),
+    Block("dp-batchnorm", batchnorm_block, file="dp-batchnorm-cpu2-real-sample-2026-11-23.json"),
+    Block("startup", startup_block, newest="*-startup-*.json"),
+    Block("stress-exit", stress_exit_block, newest="*-stress-exit-*.json"),
+]
+MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
+OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")
+
+
+def fill(doc: str, text: str, results: Path, write: bool) -> tuple[str, list[str], set[str]]:
+    """`text` with its blocks rendered afresh, what is wrong with them (`doc` names the file),
+    and the names of the blocks it holds. Without `write` a block that differs is one of the
+    problems; with it, only what cannot be rewritten is."""
+    known = {block.name: block for block in BLOCKS}
+    problems, seen, out, at = [], set(), [], 0
+    closed = {m.group(1) for m in MARKED.finditer(text)}
+    for name in OPENING.findall(text):
+        if name not in closed:
+            problems.append(f"{doc}: block {name} has no `<!-- /tables:{name} -->`")
+    for m in MARKED.finditer(text):
+        name, current = m.group(1), m.group(2)
+        out.append(text[at : m.start(2)])
+        at = m.end(2)
+        path = known[name].path(results) if name in known else None
+        if name not in known:
+            problems.append(f"{doc}: block {name}: no such table in benchmarks/tables.py")
+        elif path is not None and not path.exists():
+            problems.append(f"{doc}: block {name}: {path} is missing")
+        else:
+            seen.add(name)
+            fresh = known[name].text(results)
+            if fresh != current and not write:
+                problems.append(f"{doc}: block {name} differs from its JSON")
+            current = fresh if write else current
+        out.append(current)
+    out.append(text[at:])
+    return "".join(out), problems, seen
+
+
+def regenerate(docs: list[Path], results: Path, write: bool) -> list[str]:
+    """What differs between the docs' blocks and the JSON, one line each ([] when none);
+    with `write`, the blocks are rewritten first, and what cannot be (an unknown or unclosed
+    block, a missing JSON, a JSON whose block is in no document) is still reported."""
+    problems, seen = [], set()
+    for doc in docs:
+        if not doc.exists():
+            continue
+        text = doc.read_text()
+        new, wrong, found = fill(doc.name, text, results, write)
+        problems += wrong
+        seen |= found
+        if write and new != text:
+            doc.write_text(new)
+    for block in BLOCKS:
+        path = block.path(results)
+        if block.name not in seen and path is not None and path.exists():
+            problems.append(f"block {block.name}: in no document, yet its JSON exists")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
+    args = parser.parse_args(argv)
+    problems = regenerate(documents(), RESULTS, write=not args.check)
+    for line in problems:
+        print(f"tables: {line}", file=sys.stderr)
+    if problems and args.check:
+        print("tables: run `python -m benchmarks.tables` to regenerate", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
