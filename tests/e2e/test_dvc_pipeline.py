@@ -173,7 +173,9 @@ def test_a_code_edit_retrains_or_hands_on_the_same_numbers(repro, tmp_path):
     assert runs[new_id].info.status == "FINISHED"
     assert [m[0] for m in new_metrics["test_acc"]] == [1, 2]
     for (_, before, _), (_, after, _) in zip(
-        old_metrics["cpu0/peak_rss_mib"], new_metrics["cpu0/peak_rss_mib"], strict=True
+        old_metrics["memory/cpu_0_peak_rss_mib"],
+        new_metrics["memory/cpu_0_peak_rss_mib"],
+        strict=True,
     ):
         assert after / before > 512, (before, after)  # measured by the new code
     metrics_json = (project / "results/single/metrics.json").read_text()
