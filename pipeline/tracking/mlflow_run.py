@@ -155,8 +155,13 @@ class Tracker:
         this one."""
 
         def open_run() -> None:
-            self._publish(history)
+            try:
+                self._publish(history)
+            finally:
+                self._steps.opened.set()
             then()
+
+        self._steps.opened.clear()
 
         self._background = threading.Thread(target=open_run, name="mlflow-open", daemon=True)
         self._background.start()

@@ -4,8 +4,8 @@
 They are a live view, not the record: the per-epoch metrics are (kept on disk, published until
 MLflow has them). So nothing here ever makes training wait: points are queued for a thread of
 their own and sent in batches; while MLflow is slow or away the queue fills and new points are
-dropped, and a failed send is dropped with one warning. A point logged before the run exists in
-MLflow (the server was away at the start) is dropped too.
+dropped, and a failed send is dropped with one warning. Points wait for the run's creation in
+MLflow to be tried; if the server was away then, they are dropped too.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ class StepMetrics:
     def __init__(self, run_id: Callable[[], Optional[str]]):
         """`run_id`: the run's id in MLflow when a batch is sent (None: not created yet)."""
         self.run_id = run_id
+        # set once the run's creation in MLflow was tried (Tracker.open_soon): points queued
+        # before that wait for it rather than being dropped as runless
+        self.opened = threading.Event()
+        self.opened.set()
         self.queue: queue.Queue[Point | threading.Event] = queue.Queue()
         self.thread: Optional[threading.Thread] = None
         self.warned = False
@@ -83,6 +87,7 @@ class StepMetrics:
 
     def _log(self, client: Any, batch: list[Point]) -> Any:
         """Send `batch`; the client to send the next one with."""
+        self.opened.wait()
         run_id = self.run_id()
         if not batch or run_id is None:
             return client
