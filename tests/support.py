@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -444,3 +445,17 @@ def run_summary(
         steady_samples_per_s=6400 / steady,
         memory=memory,
     )
+
+
+def fresh_python(code: str) -> Any:
+    """What `code`, run in a fresh interpreter of the checkout (no imports carried over from
+    the test process), prints as JSON."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    ).stdout
+    return json.loads(out)

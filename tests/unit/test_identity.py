@@ -2,9 +2,6 @@
 resumed, and the one line that says why one was not."""
 
 import dataclasses
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +21,7 @@ from pipeline.training.identity import (
     shapes,
     source_digest,
 )
-from support import REPO, code_deps
+from support import REPO, code_deps, fresh_python
 
 # What never changes what a run computes: where the data came from, which strategies the
 # experiment lists, which GPUs, the launch, checkpointing, MLflow, the report, `make quick`.
@@ -144,15 +141,7 @@ def worker_code() -> set[str]:
         "from pipeline.training.identity import code_digests\n"
         "print(json.dumps(sorted(code_digests())))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    ).stdout
-    return set(json.loads(out))
+    return set(fresh_python(code))
 
 
 def test_every_file_the_train_stage_depends_on_is_in_the_identity_or_named_outside_it():

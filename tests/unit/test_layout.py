@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-import json
 import subprocess
 import sys
 import typing
@@ -20,7 +19,7 @@ from pipeline import stage_code, strategies
 from pipeline.config import Config
 from pipeline.reporting.table import WIDE_PLOTS
 from pipeline.strategies.base import StrategySpec
-from support import REPO, code_deps
+from support import REPO, code_deps, fresh_python
 
 PACKAGE = REPO / "pipeline"
 DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
@@ -165,18 +164,8 @@ def imported_files(modules: tuple[str, ...], with_strategies: bool) -> dict[str,
     loaded by importing its module too (with_strategies)."""
     names = strategies.NAMES if with_strategies else ()
     code = f"MODULES = {list(modules)!r}\nSTRATEGIES = {list(names)!r}\n{LOADED}"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    ).stdout
-    return {
-        key: {str(Path(f).relative_to(REPO)) for f in files}
-        for key, files in json.loads(out).items()
-    }
+    found: dict[str, list[str]] = fresh_python(code)
+    return {key: {str(Path(f).relative_to(REPO)) for f in files} for key, files in found.items()}
 
 
 @pytest.mark.parametrize("stage", STAGES)
