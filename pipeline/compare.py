@@ -2,13 +2,13 @@
 
 Reads results/<strategy>/ (summary.json, history.csv) and writes reports/: index.html (which
 strategy to use on this hardware per objective, then the table, the per-device memory table
-and the plots in one self-contained page), summary.md, summary.json (DVC metrics: accuracy and
-samples/s by strategy), comparison.json (every column), recommendation.json, mlflow_url.txt,
-accuracy.csv, loss.csv and throughput.csv (DVC plots) and four PNGs. In MLflow it groups this
-repro's strategy runs under a parent run "comparison" that holds the report, and registers the
-recommended strategies' logged models as versions of the registered model named after the
-experiment, with aliases (models:/<experiment>@recommended). Prints the recommendation and a
-short table, every line within 120 characters.
+and the plots in one self-contained page), summary.md, summary.json (the DVC metrics:
+accuracy, samples/s, seconds and peak MiB by strategy), comparison.json (every column),
+recommendation.json, mlflow_url.txt, accuracy.csv, loss.csv and throughput.csv (DVC plots) and
+four PNGs. In MLflow it groups this repro's strategy runs under a parent run "comparison" that
+holds the report, and registers the recommended strategies' logged models as versions of the
+registered model named after the experiment, with aliases (models:/<experiment>@recommended).
+Prints the recommendation and a short table, every line within 120 characters.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 results/<strategy>/ (DVC outputs):
     model.pt      final weights: the plain model's state_dict, whatever the strategy
-    metrics.json  the DVC metrics: the few numbers a person compares (`headline`)
+    metrics.json  the few numbers a person compares (`headline`): an MLflow artifact and
+                  the final/ metrics of the run's model (the DVC metrics are the compare
+                  stage's reports/summary.json, keyed by strategy)
     summary.json  `RunSummary`: every final figure, per device and per phase, the notes and the
                   run's identity; what reporting and MLflow read (`read_summary`)
     history.csv   one `EpochRow` per epoch (DVC plots)
@@ -312,9 +314,8 @@ def write_results(
 
 
 def headline(summary: RunSummary) -> dict[str, Optional[float]]:
-    """metrics.json, the DVC metrics of a run: numbers only, the same keys for every strategy
-    (`dvc metrics show` is then a row per strategy) and few of them (each is a column per
-    strategy in `dvc exp show`). Per-device, per-phase and per-epoch figures stay in
+    """metrics.json, the headline figures of a run: numbers only, the same keys for every
+    strategy, and few of them. Per-device, per-phase and per-epoch figures stay in
     summary.json and history.csv. A speed figure the run has no honest value for is null
     (summary.json's speed_note says why); peak_memory_mib is the busiest device's training
     peak (summary.json has each device's)."""

@@ -1,17 +1,23 @@
-"""python -m pipeline.stage_code [--check]: the parts of dvc.yaml the strategy registry
-decides, generated so they cannot drift from it (tests/unit/test_layout.py runs --check).
+"""python -m pipeline.stage_code [--check]: the code each DVC stage depends on, and the
+parts of dvc.yaml the strategy registry decides, generated from the imports so they cannot
+drift (tests/unit/test_layout.py runs --check and checks the links against what each stage
+really imports).
 
-    stage_code/<strategy>/   links to the strategy's own modules: those of pipeline/strategies/
-                             its module imports, directly or not, that the code every train
-                             stage runs does not. train@<strategy> depends on this directory,
-                             so an edit to fsdp.py re-runs train@fsdp alone, one to
-                             sync_batchnorm.py train@ddp and train@fsdp.
+    stage_code/<stage>/      fetch, train, compare: links to every module of the project the
+                             stage's command imports, directly or not (for train, what every
+                             strategy runs), laid out as under pipeline/
+    stage_code/<strategy>/   links to the strategy's own modules: those its module imports,
+                             directly or not, that stage_code/train does not have.
+                             train@<strategy> depends on both directories, so an edit to
+                             fsdp.py re-runs train@fsdp alone, one to sync_batchnorm.py
+                             train@ddp and train@fsdp, one to training/loop.py every train stage
     the plots' columns       one per name in pipeline.strategies.NAMES (dvc.yaml `plots`)
 
-DVC cannot give each item of a `foreach` its own list of deps (no nested interpolation:
-`${deps.${item}}`, treeverse/dvc#5167), but it can a path built from the item; DVC hashes
-the files a directory's links point to. Run it after adding a strategy or changing what a
-strategy module imports.
+A directory of links is one DVC dependency, so `dvc exp show` has a column per directory
+rather than one per file. DVC cannot give each item of a `foreach` its own list of deps (no
+nested interpolation: `${deps.${item}}`, treeverse/dvc#5167), but it can a path built from
+the item; DVC hashes the files a directory's links point to. Run it after adding a module, a
+strategy, or an import.
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ from pathlib import Path
 from pipeline.strategies import NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "pipeline"
 PACKAGE = "pipeline.strategies"
+# each stage's command module (dvc.yaml `cmd: python -m ...`); the train stage's strategy
+# modules are imported by name (strategies.get), so they are each strategy's own directory
+COMMANDS = {"fetch": "pipeline.fetch", "train": "pipeline.train", "compare": "pipeline.compare"}
 LINKS = ROOT / "stage_code"
 DVC_YAML = ROOT / "dvc.yaml"
 # the per-strategy charts' columns: `reports/<file>.csv: [single, dp, ...]`
@@ -39,8 +49,9 @@ def module_file(module: str) -> Path:
 
 
 def runtime_imports(module: str) -> set[str]:
-    """The modules of pipeline.strategies that importing `module` runs (its own imports, not
-    those under `if TYPE_CHECKING:`, which never run), its parent packages included."""
+    """The modules of the project that importing `module` runs, its commands' imports inside
+    functions included (not those under `if TYPE_CHECKING:`, which never run), their parent
+    packages too."""
     tree = ast.parse(module_file(module).read_text())
     typing_only = {
         id(node)
@@ -60,8 +71,8 @@ def runtime_imports(module: str) -> set[str]:
     found = set()
     for name in named:
         parts = name.split(".")
-        found |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
-    return {m for m in found if m.startswith(PACKAGE) and module_file(m).exists()}
+        found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return {m for m in found if m.split(".")[0] == PROJECT and module_file(m).exists()}
 
 
 def closure(roots: set[str]) -> set[str]:
@@ -75,34 +86,23 @@ def closure(roots: set[str]) -> set[str]:
     return seen
 
 
-def shared_modules() -> set[str]:
-    """What every train stage runs of pipeline.strategies: what the rest of the project
-    imports of it (the registry, base.py), and what those import."""
-    roots = set()
-    for path in (ROOT / "pipeline").rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        if parts[:2] != ("pipeline", "strategies"):
-            roots |= runtime_imports(".".join(parts).removesuffix(".__init__"))
-    return closure(roots)
-
-
-def own_modules() -> dict[str, list[Path]]:
-    """Each strategy's own modules, as files relative to the repository."""
-    shared = shared_modules()
-    return {
-        name: sorted(
-            module_file(m).relative_to(ROOT) for m in closure({f"{PACKAGE}.{name}"}) - shared
-        )
-        for name in NAMES
-    }
+def stage_modules() -> dict[str, tuple[str, set[str]]]:
+    """directory of stage_code/ -> (the package its links mirror, the modules it links)."""
+    stages = {stage: closure({command}) for stage, command in COMMANDS.items()}
+    clash = set(stages) & set(NAMES)
+    if clash:
+        raise SystemExit(f"a strategy may not be named after a stage: {sorted(clash)}")
+    own = {name: (PACKAGE, closure({f"{PACKAGE}.{name}"}) - stages["train"]) for name in NAMES}
+    return {**{stage: (PROJECT, mods) for stage, mods in stages.items()}, **own}
 
 
 def expected_links() -> dict[Path, str]:
-    """stage_code/<strategy>/<file> -> its relative link target."""
+    """stage_code/<directory>/<file> -> its relative link target."""
     links = {}
-    for name, files in own_modules().items():
-        for file in files:
-            link = LINKS / name / file.relative_to(*PACKAGE.split("."))
+    for directory, (package, modules) in stage_modules().items():
+        for module in modules:
+            file = module_file(module).relative_to(ROOT)
+            link = LINKS / directory / file.relative_to(*package.split("."))
             links[link] = os.path.relpath(ROOT / file, link.parent)
     return links
 

@@ -6,7 +6,7 @@ reports/:
   summary.md, index.html  the answer (answer.py), the table (table.py), the per-device memory
                           table (devices.py) and the plots (plots.py; pages.py)
   recommendation.json     the answer: one recommendation per objective, with its reasons
-  summary.json            accuracy and steady samples/s keyed by strategy (DVC metrics)
+  summary.json            the DVC metrics: accuracy, samples/s, seconds, peak MiB by strategy
   comparison.json         every column, keyed by strategy
   mlflow_url.txt          the MLflow page with this comparison's runs side by side
   accuracy.csv, loss.csv, throughput.csv

@@ -1,9 +1,9 @@
 """The experiments table: one row per DVC experiment x strategy, from `dvc exp show --json`,
 with the params that tell the experiments apart and each strategy's final figures.
 
-An experiment's metrics are the results/<strategy>/metrics.json files DVC committed into it;
-an experiment that has none (still queued, failed, or its metrics kept out of git by
-.gitignore) is named under the table instead of getting a row.
+An experiment's metrics are the reports/summary.json DVC committed into it (each figure keyed
+by strategy); an experiment that has none (still queued, failed, or its metrics kept out of
+git by .gitignore) is named under the table instead of getting a row.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ OUT = Path("reports/experiments.md")
 Json = dict[str, Any]  # an object of `dvc exp show --json`, or a row of the table built from it
 # always shown, for context; any other param whose value differs between rows is added
 BASE_PARAMS = ("train.batch_size", "train.lr", "train.epochs")
-METRICS = (  # (key in results/<strategy>/metrics.json, column, format): all of its keys
-    ("test_acc", "final test acc", "{:.4f}"),
-    ("best_test_acc", "best test acc", "{:.4f}"),
-    ("steady_epoch_seconds", "steady s/epoch", "{:.2f}"),
-    ("steady_samples_per_s", "steady samples/s", "{:.0f}"),
-    ("total_seconds", "total s", "{:.1f}"),
-    ("peak_memory_mib", "peak MiB (busiest device)", "{:.0f}"),
+SUMMARY = "reports/summary.json"  # the DVC metrics: figure -> strategy -> value
+METRICS = (  # (key in reports/summary.json, column, format): all of its keys
+    ("acc", "final test acc", "{:.4f}"),
+    ("sps", "steady samples/s", "{:.0f}"),
+    ("total_s", "total s", "{:.1f}"),
+    ("peak_mib", "peak MiB (busiest device)", "{:.0f}"),
 )
 
 
@@ -62,17 +61,12 @@ def flat_params(data: Json) -> dict[str, Any]:
 
 
 def strategy_metrics(data: Json) -> dict[str, Json]:
-    """strategy -> its metrics.json, for the files present in this revision."""
-    out = {}
-    for path, entry in (data.get("metrics") or {}).items():
-        parts = Path(path).parts
-        if (
-            len(parts) == 3
-            and parts[0] == "results"
-            and parts[2] == "metrics.json"
-            and "data" in entry
-        ):
-            out[parts[1]] = entry["data"]
+    """strategy -> its figures (key -> value) in this revision's reports/summary.json."""
+    figures = ((data.get("metrics") or {}).get(SUMMARY) or {}).get("data") or {}
+    out: dict[str, Json] = {}
+    for key, by_strategy in figures.items():
+        for strategy, value in (by_strategy if isinstance(by_strategy, dict) else {}).items():
+            out.setdefault(strategy, {})[key] = value
     return out
 
 
@@ -133,8 +127,8 @@ def markdown(rows: list[Json], columns: list[str], without: list[str]) -> str:
     if without:
         lines += [
             "",
-            "No metrics (queued, running, failed, or results/<strategy>/"
-            "metrics.json not committed to git): " + ", ".join(without),
+            "No metrics (queued, running, failed, or reports/summary.json not committed "
+            "to git): " + ", ".join(without),
         ]
     return "\n".join(lines) + "\n"
 

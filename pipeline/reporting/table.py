@@ -85,6 +85,7 @@ def comparison_rows(
                 "test_acc": r.test_acc,
                 "best_test_acc": r.best_test_acc,
                 "acc_delta_vs_single": delta(r.test_acc, base.test_acc if base else None),
+                "total_seconds": r.total_seconds,
                 "epoch_to_target": epoch,
                 "time_to_target_s": seconds,
                 # evaluation's peaks: absent from results written before they were measured
@@ -165,6 +166,11 @@ def busiest(row: dict[str, Any]) -> Optional[tuple[str, float]]:
         return None
     label = max(peaks, key=peaks.__getitem__)
     return label, peaks[label]
+
+
+def _busiest_mib(row: dict[str, Any]) -> Optional[float]:
+    top = busiest(row)
+    return None if top is None else top[1]
 
 
 def _busiest_cell(v: Any, row: dict[str, Any]) -> str:
@@ -261,15 +267,17 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
 
 
 def summary_json(rows: list[Row]) -> dict[str, dict[str, Any]]:
-    """reports/summary.json, the compare stage's DVC metrics: final test accuracy ("acc") and
-    steady samples/s ("sps") keyed by strategy. Short keys that no other metrics or params
-    file has, so `dvc exp show` heads its columns "acc.ddp" (docs/configuration.md "Changing
-    parameters": its recommended command keeps just these, about 200 characters wide); the
-    rest of each strategy's figures are results/<strategy>/metrics.json and
-    reports/comparison.json."""
+    """reports/summary.json, the project's one DVC metrics file: four figures per strategy,
+    each keyed by strategy: final test accuracy ("acc"), steady samples/s ("sps"), the run's
+    wall seconds ("total_s") and the busiest device's training peak in MiB ("peak_mib").
+    Short keys that no params file has, so `dvc exp show` heads its columns "acc.ddp" and one
+    screen holds them (docs/configuration.md "Changing parameters"); every other figure is in
+    results/<strategy>/summary.json and reports/comparison.json."""
     return {
         "acc": {row["strategy"]: row["test_acc"] for row in rows},
         "sps": {row["strategy"]: row["steady_samples_per_s"] for row in rows},
+        "total_s": {row["strategy"]: row["total_seconds"] for row in rows},
+        "peak_mib": {row["strategy"]: _busiest_mib(row) for row in rows},
     }
 
 

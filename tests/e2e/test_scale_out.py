@@ -300,15 +300,6 @@ def test_multi_node_mistakes_stop_before_torchrun(two_node_project, args, env, w
 # --- DVC experiment sweeps ------------------------------------------------------------------
 
 
-def gitignore_committing_metrics(project: Path) -> None:
-    """DVC commits an experiment's cache: false metrics only where git may track them: keep
-    results/*/metrics.json and reports/summary.json out of the ignore list."""
-    text = (project / ".gitignore").read_text()
-    text = text.replace("/results/\n", "/results/*/*\n!/results/*/metrics.json\n")
-    text = text.replace("/reports/\n", "/reports/*\n!/reports/summary.json\n")
-    (project / ".gitignore").write_text(text)
-
-
 def test_a_queued_sweep_runs_and_compares_across_experiments(tmp_path, http_mirror):
     params = tiny_params(
         http_mirror,
@@ -319,7 +310,6 @@ def test_a_queued_sweep_runs_and_compares_across_experiments(tmp_path, http_mirr
         report={"system_metrics_interval_s": None},
     )
     project = make_project(tmp_path / "project", params)
-    gitignore_committing_metrics(project)
     dvc(project, "repro", "fetch", timeout=300)
     run(project, "git", "add", "-A")
     run(project, "git", "commit", "-qm", "fetched")

@@ -7,13 +7,10 @@ def fake_show() -> list[dict]:
     """The shape of `dvc exp show --json` (DVC 3): workspace, a baseline, its experiments."""
 
     def rev(lr, strategies=None):
-        metrics = {
-            f"results/{s}/metrics.json": {
-                "data": {"test_acc": acc, "peak_memory_mib": w, "best_test_acc": acc}
-            }
-            for s, (acc, w) in (strategies or {}).items()
-        }
-        metrics["reports/summary.json"] = {"data": {}}
+        figures = {"acc": {}, "peak_mib": {}}  # reports/summary.json: figure -> strategy
+        for s, (acc, mib) in (strategies or {}).items():
+            figures["acc"][s], figures["peak_mib"][s] = acc, mib
+        metrics = {"reports/summary.json": {"data": figures if strategies else {}}}
         return {
             "params": {
                 "params.yaml": {
@@ -24,7 +21,7 @@ def fake_show() -> list[dict]:
         }
 
     missing = rev(0.4)
-    missing["metrics"] = {"results/ddp/metrics.json": {"error": {"type": "FileNotFoundError"}}}
+    missing["metrics"] = {"reports/summary.json": {"error": {"type": "FileNotFoundError"}}}
     return [
         {"rev": "workspace", "name": None, "data": rev(0.1), "experiments": None},
         {
@@ -70,5 +67,5 @@ def test_experiments_table_has_a_row_per_experiment_and_strategy():
     assert columns == ["train.batch_size", "train.lr", "train.epochs"]
     assert without == ["exp-c (failed)"]
     table = markdown(rows, columns, without)
-    assert "| exp-a | ddp | 256 | 0.2 | 2 | 0.6000 | 0.6000 | — | — | — | 2 |" in table
+    assert "| exp-a | ddp | 256 | 0.2 | 2 | 0.6000 | — | — | 2 |" in table
     assert "exp-c (failed)" in table

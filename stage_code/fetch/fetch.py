@@ -1,0 +1,1 @@
+../../pipeline/fetch.py

@@ -1,0 +1,1 @@
+../../../pipeline/training/checkpoint_files.py

@@ -1,0 +1,1 @@
+../../../pipeline/training/final_model.py

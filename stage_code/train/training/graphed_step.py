@@ -1,0 +1,1 @@
+../../../pipeline/training/graphed_step.py
