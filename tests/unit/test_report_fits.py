@@ -149,7 +149,7 @@ def test_what_compare_prints_fits_120_columns():
 def test_the_compare_stage_prints_short_lines_and_files_the_mlflow_link(tmp_path, monkeypatch):
     """The whole stage over fixture results (MLflow: an empty local store, these runs not in
     it): every printed line within 120 columns, the link in reports/mlflow_url.txt and atop
-    the page, and summary.json (DVC metrics) two numbers a strategy."""
+    the page, and summary.json (DVC metrics) four numbers a strategy."""
     summaries, histories = fixture()
     for summary in summaries:
         out = tmp_path / "results" / summary.strategy
@@ -174,6 +174,10 @@ def test_the_compare_stage_prints_short_lines_and_files_the_mlflow_link(tmp_path
     assert metrics == {
         "acc": {name: LAYOUT[name][3] for name in NAMES},
         "sps": {r.strategy: r.steady_samples_per_s for r in summaries},
+        "total_s": {r.strategy: r.total_seconds for r in summaries},
+        "peak_mib": {  # the busiest device's training peak
+            r.strategy: max(r.memory["peak_memory_mib"].values()) for r in summaries
+        },
     }
     for name in table.WIDE_PLOTS:
         assert (tmp_path / "reports" / name).read_text().startswith(f"epoch,{','.join(NAMES)}\n")
