@@ -139,7 +139,7 @@ def build_training(
         loader=loader,
         optimizer=optimizer,
         loss_fn=step_loss(loss_function(train, schedule_owns_loss=pipelined), plan),
-        schedule=LrSchedule.of(train, loader.steps),
+        schedule=LrSchedule.of(train, plan.steps),
         graphed=GraphedStep(optimizer, device) if graphed else None,
     )
 
