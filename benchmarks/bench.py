@@ -59,10 +59,10 @@ from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.data.loaders import torchvision_root
 from pipeline.results import EpochRow
 from pipeline.training.build import build_training
-from pipeline.training.loop import train_epoch, wait_for_device
+from pipeline.training.loop import Trainer, train_epoch, wait_for_device
 from pipeline.training.model import build_model
 from pipeline.training.precision import build_precision, configure_backends, cpu_has_native_bf16
-from pipeline.training.session import job_plan
+from pipeline.training.run_spec import resolve_run
 from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
@@ -180,10 +180,10 @@ class ProjectRow:
     ):
         self.name, self.cfg, self.ctx = name, cfg, ctx
         torch.manual_seed(cfg.seed)
-        module = strategies.get(strategy)
-        plan = job_plan(cfg.train, module.facts, len(data.train_labels), ctx.world_size)
+        spec = resolve_run(cfg, strategy)
+        plan = spec.job_plan(ctx.world_size, len(data.train_labels))
         # a setting decided at the run's start (auto) is measured, as a fresh run does
-        self.training = settle(build_training(cfg, module, ctx, data, plan, raw_dir), {})
+        self.training = settle(build_training(spec, ctx, data, plan, raw_dir), {})
         self.prec, self.loader = self.training.prec, self.training.loader
         self.precision = self.prec.name
         self.effective = (
@@ -193,7 +193,7 @@ class ProjectRow:
         )
         self.samples = plan.samples_per_epoch
         self.totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
-        self.stop = StopRequest()
+        self.trainer = Trainer(self.training, ctx, StopRequest())
         self.notes = list(self.training.notes)
         self.index, self.history = 0, list[EpochRow]()
         self.tracker = None if tracker_dir is None else start_tracker(cfg, ctx, name, tracker_dir)
@@ -201,7 +201,7 @@ class ProjectRow:
     def epoch(self) -> float:
         configure_backends(self.prec, self.ctx.device)  # rows differ in process-wide flags
         start = time.perf_counter()
-        train_epoch(self.training, self.cfg.train, self.index, 0, self.totals, self.stop, None, 0)
+        train_epoch(self.trainer, self.index, 0, self.totals)
         wait_for_device(self.ctx.device)
         loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
         self.totals.zero_()
@@ -233,17 +233,13 @@ class ProjectRow:
 def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
     """The train stage's tracker: a run in an MLflow store of its own (not the project's),
     system metrics at report.system_metrics_interval_s."""
-    from pipeline.tracking.mlflow_run import Tracker
+    from pipeline.tracking.mlflow_run import Tracker, new_record
     from pipeline.tracking.provenance import base_tags, gpu_uuids
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory / 'mlflow.db'}"
     tracker = Tracker(
         directory / "run.json",
-        "bench",
-        name,
-        base_tags(),
-        flatten(cfg),
-        fingerprint=name,
+        new_record(name, "bench", name, base_tags(), flatten(cfg)),
         fresh=True,
     )
     tracker.publish([])

@@ -22,14 +22,13 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.bench import REPO, flops_per_image
-from pipeline import strategies
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.training.build import build_training
-from pipeline.training.loop import train_epoch, wait_for_device
-from pipeline.training.session import job_plan
+from pipeline.training.loop import Trainer, train_epoch, wait_for_device
+from pipeline.training.run_spec import resolve_run
 from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
@@ -64,17 +63,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         try:
             torch.manual_seed(cfg.seed)
-            strategy = strategies.get(args.strategy)
-            plan = job_plan(cfg.train, strategy.facts, len(data.train_labels), 1)
-            training = settle(build_training(cfg, strategy, ctx, data, plan), {})
+            spec = resolve_run(cfg, args.strategy)
+            plan = spec.job_plan(1, len(data.train_labels))
+            training = settle(build_training(spec, ctx, data, plan), {})
             loader = training.loader
             totals = torch.zeros(3, device=device, dtype=torch.float64)
-            stop = StopRequest()
+            trainer = Trainer(training, ctx, StopRequest())
 
             def steps(n: int, start: int) -> None:
                 # train_epoch over a slice of the epoch: the loader's steps start..start+n
                 loader.steps, real = start + n, loader.steps
-                train_epoch(training, cfg.train, 0, start, totals, stop, None, 0)
+                train_epoch(trainer, 0, start, totals)
                 loader.steps = real
 
             steps(args.warmup, 0)
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             # a second, unprofiled pass: the profiler's own overhead inflates the first
             loader.steps = args.warmup + args.steps
             start = time.perf_counter()
-            train_epoch(training, cfg.train, 1, args.warmup, totals, stop, None, 0)
+            train_epoch(trainer, 1, args.warmup, totals)
             wait_for_device(device)
             plain = (time.perf_counter() - start) / args.steps
         finally:

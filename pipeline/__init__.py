@@ -10,8 +10,9 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
     errors.py    UserError: one line, exit 2
 
     data/        fetching, the IDX format, device-resident data and batches
-    training/    launcher (the elastic agent), worker, session (resume, epochs, results), loop,
-                 model, precision, optimizer, checkpoints, memory, faults, devices, topology
+    training/    launcher (the elastic agent), worker, run_spec (the Config resolved once),
+                 session (resume, epochs, results), loop, model, precision, optimizer,
+                 checkpoints, memory, faults (hooks), devices, topology
     strategies/  one module per strategy (single, dp, balanced_dp, ddp, fsdp,
                  pipeline_parallel) and the helpers only strategies use
     tracking/    the MLflow run (Tracker), system metrics, provenance tags, the comparison run

@@ -1,8 +1,8 @@
 """How one optimizer step's batch divides: into `grad_accum` micro-batches (the forwards of
 one step), each shared by `data_world` data-parallel ranks. Built once per process, in three
 checked steps: from the train section (`make`), over the strategy's data-parallel world
-(`over`), drawing from the training set (`drawing_from`); every plan that exists divides.
-Pure arithmetic.
+(`over`, as `of_job` rules), drawing from the training set (`drawing_from`); every plan that
+exists divides. Pure arithmetic.
 
     batch 256, grad_accum 2, 2 ranks:  micro 128, per rank 64; 60000 samples -> 234 steps
 """
@@ -41,6 +41,13 @@ class BatchPlan:
                 f"processes x train.grad_accum = {data_world} x {self.grad_accum}"
             )
         return replace(self, data_world=data_world)
+
+    def of_job(self, data_parallel: bool, world_size: int, who: str) -> BatchPlan:
+        """The plan of a job of `world_size` processes: shared by them all where the strategy
+        is data-parallel (each rank trains a share of every micro-batch), else as one process
+        trains it. The one place that rule is written: the launcher checks it at each world
+        size a job may have (topology.check_job), each worker applies it to its own."""
+        return self.over(world_size, who) if data_parallel else self
 
     def drawing_from(self, n_train: int) -> BatchPlan:
         """The plan for a training set of `n_train` samples, which must hold one batch."""

@@ -30,7 +30,7 @@ import yaml
 from pipeline.cli import parse_args
 from pipeline.config import Config, load_config, to_yaml
 from pipeline.errors import exit_on_user_error
-from pipeline.strategies import NAMES, check_strategy
+from pipeline.strategies import NAMES, check_strategy, own_params
 from pipeline.timeline import mark
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
@@ -42,12 +42,10 @@ def under_torchrun(env: Mapping[str, str]) -> bool:
 
 def strategy_config(cfg: Config, strategy: str) -> str:
     """The resolved params `strategy` trains with, as YAML: every key, the other strategies'
-    sections left out (its stage depends on none of them)."""
-    data = yaml.safe_load(to_yaml(cfg))
-    for name in NAMES:
-        if name != strategy:
-            del data[name]
-    text: str = yaml.safe_dump(data, sort_keys=False)  # PyYAML is untyped here
+    sections left out (its stage depends on none of them); results/<strategy>/config.yaml
+    holds the same (pipeline/training/run_spec.py)."""
+    own = own_params(yaml.safe_load(to_yaml(cfg)), strategy)
+    text: str = yaml.safe_dump(own, sort_keys=False)  # PyYAML is untyped here
     return text
 
 

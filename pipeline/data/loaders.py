@@ -37,6 +37,7 @@ import itertools
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -62,6 +63,17 @@ SIZE = 28
 Step = tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]
 
 
+@dataclass(frozen=True)
+class Feed:
+    """Where this process's batches go and in what form."""
+
+    plan: BatchPlan
+    rank: int  # which of the plan's `data_world` shares of each micro-batch (plan.data_rank)
+    dtype: torch.dtype  # the model's
+    channels_last: bool
+    device: torch.device
+
+
 class Batches:
     """What both loaders share: this rank's place, the input format, `prepare` (also what
     evaluation feeds the device-resident test set through), and the contract the loop reads:
@@ -70,20 +82,10 @@ class Batches:
     steps: int
     notes: tuple[str, ...] = ()  # for the run's record (summary.json, MLflow)
 
-    def __init__(
-        self,
-        options: DataConfig,
-        seed: int,
-        plan: BatchPlan,
-        rank: int,
-        dtype: torch.dtype,
-        channels_last: bool,
-        device: torch.device,
-    ):
-        """`rank`: which of the plan's `data_world` shares of each micro-batch this one is."""
-        self.options, self.seed, self.plan, self.rank = options, seed, plan, rank
-        self.dtype, self.channels_last, self.device = dtype, channels_last, device
-        self.steps = plan.steps
+    def __init__(self, options: DataConfig, seed: int, feed: Feed):
+        self.options, self.seed, self.plan, self.rank = options, seed, feed.plan, feed.rank
+        self.dtype, self.channels_last, self.device = feed.dtype, feed.channels_last, feed.device
+        self.steps = feed.plan.steps
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
         raise NotImplementedError
@@ -94,8 +96,8 @@ class Batches:
 
 
 class DeviceBatches(Batches):
-    def __init__(self, data: DeviceData, *args: Any):
-        super().__init__(*args)
+    def __init__(self, data: DeviceData, options: DataConfig, seed: int, feed: Feed):
+        super().__init__(options, seed, feed)
         self.data = data
 
     def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Step]:
@@ -178,10 +180,12 @@ class PositionedSamples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
 
 class DataLoaderBatches(Batches):
-    def __init__(self, *args: Any, raw_dir: Path = DATA_DIR / "raw"):
+    def __init__(
+        self, options: DataConfig, seed: int, feed: Feed, raw_dir: Path = DATA_DIR / "raw"
+    ):
         from torchvision import datasets
 
-        super().__init__(*args)
+        super().__init__(options, seed, feed)
         try:
             with tempfile.TemporaryDirectory(prefix="fashion-mnist-") as root:
                 # torchvision reads the whole split into memory here; the files can go after
@@ -261,16 +265,10 @@ def make_batches(
     data: DeviceData,
     options: DataConfig,
     seed: int,
-    plan: BatchPlan,
-    rank: int,
-    dtype: torch.dtype,
-    channels_last: bool,
-    device: torch.device,
+    feed: Feed,
     raw_dir: Path = DATA_DIR / "raw",
 ) -> Batches:
-    """`rank`: this process's share of each micro-batch (plan.data_rank). `raw_dir`: the
-    fetched IDX files, which the dataloader path reads through torchvision."""
-    place = (options, seed, plan, rank, dtype, channels_last, device)
+    """`raw_dir`: the fetched IDX files, which the dataloader path reads through torchvision."""
     if options.loader == "device":
-        return DeviceBatches(data, *place)
-    return DataLoaderBatches(*place, raw_dir=raw_dir)
+        return DeviceBatches(data, options, seed, feed)
+    return DataLoaderBatches(options, seed, feed, raw_dir=raw_dir)

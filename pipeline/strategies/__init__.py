@@ -34,6 +34,17 @@ def check_strategy(name: str) -> None:
         raise UserError(f"strategy {name!r} is unknown; expected one of {', '.join(NAMES)}")
 
 
+def own_params(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """The params a run of `name` trains with: `params` (by section, or flattened to dotted
+    keys) without the other strategies' sections, which its stage depends on none of. What
+    --print-config prints, results/<name>/config.yaml keeps and MLflow's params hold."""
+    return {
+        key: value
+        for key, value in params.items()
+        if key.split(".", 1)[0] not in NAMES or key.split(".", 1)[0] == name
+    }
+
+
 def get(name: str) -> StrategySpec[Any]:
     """The strategy's spec. Its options type is checked where the module builds the spec; a
     name known only at run time cannot say which it is, hence Any here."""

@@ -96,12 +96,11 @@ def parallelize(
     def measure(loop: LoopForward) -> tuple[Optional[int], list[str]]:
         gpu0_bsz, notes = gpu0_autotune.resolve_gpu0_bsz(
             model,
-            plan.micro,
+            plan,
             n_gpus,
             ctx.on_cuda,
             wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
             loop=loop,
-            accum=accum,
         )
         return (None if gpu0_bsz is None else gpu0_bsz * accum), notes
 

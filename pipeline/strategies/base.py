@@ -161,6 +161,22 @@ class StrategySpec(Generic[OptionsT]):
     parallelize: Callable[[nn.Sequential, OptionsT, BatchPlan, DistContext, Autocast], Run]
 
 
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
+
+
+def step_loss(loss: Loss, plan: BatchPlan, chunks: int = 1) -> Loss:
+    """The loss one forward's backward takes: `loss` (a mean over that forward's samples)
+    divided by the forwards of one optimizer step, train.grad_accum of them, each cut into
+    a pipeline schedule's `chunks`; the accumulated gradient is then the mean over the step's
+    batch. The one place that scaling is written (the shared loop's, a schedule's)."""
+    share = plan.grad_accum * chunks
+
+    def scaled(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss(logits, labels) / share
+
+    return scaled
+
+
 def writer_buffers(model: nn.Module, writer_rank: int = 0) -> Callable[[], None]:
     """A `before_eval` that gives every rank the writer's buffers (BatchNorm's running
     statistics), for data-parallel ranks without synchronised BatchNorm: each normalised its

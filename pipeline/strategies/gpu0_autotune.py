@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.batch_plan import BatchPlan
 from pipeline.memory import MIB, peak_rss_bytes, reset_peaks
 from pipeline.strategies.base import LoopForward
 
@@ -127,27 +128,34 @@ def evidence(measurements: Sequence[Measurement]) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What each candidate is timed on: a micro-batch of `micro` random images, `passes`
+    timed forward+backward passes after `warmup` untimed ones (which also compile).
+    `devices`: the CUDA devices (cuda:0 first, where the model lives); empty on the CPU, where
+    the one figure is the process's peak RSS (only the tests profile there)."""
+
+    micro: int
+    devices: Sequence[torch.device]
+    passes: int = 3
+    warmup: int = 1
+
+
 def measure(
     model: nn.Module,
     wrap: Callable[[nn.Module, int], nn.Module],
-    micro: int,
-    devices: Sequence[torch.device],
+    probe: Probe,
     options: Sequence[int],
     loop: LoopForward,
-    passes: int = 3,
-    warmup: int = 1,
 ) -> list[Measurement]:
-    """Time `passes` forward+backward passes of `wrap(copy, gpu0_bsz)`, prepared as the loop
-    runs its forward, per candidate (after `warmup` untimed ones, which also compile) and read
-    each device's peak allocated memory.
-
-    `devices`: the CUDA devices (cuda:0 first, where the model lives); empty on the CPU, where
-    the one figure is the process's peak RSS (only the tests profile there). Out-of-memory
+    """Time the probe's passes of `wrap(copy, gpu0_bsz)`, prepared as the loop runs its
+    forward, per candidate, and read each device's peak allocated memory. Out-of-memory
     marks a candidate as failed instead of ending the run.
     """
+    micro, devices, passes, warmup = probe.micro, probe.devices, probe.passes, probe.warmup
     first = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    probe = copy.deepcopy(model).train()
+    copied = copy.deepcopy(model).train()
     gen = torch.Generator().manual_seed(0)  # its own stream: the run's RNG stays untouched
     x = torch.randn(micro, *INPUT_SHAPE, generator=gen).to(first, dtype)
     y = torch.randint(0, NUM_CLASSES, (micro,), generator=gen).to(first)
@@ -160,7 +168,7 @@ def measure(
             logits = forward(x)
             loss = F.cross_entropy(logits.float(), y.to(logits.device))
         loss.backward()
-        probe.zero_grad(set_to_none=True)  # as the training loop does after each step
+        copied.zero_grad(set_to_none=True)  # as the training loop does after each step
 
     def synchronize() -> None:
         for device in devices:
@@ -168,7 +176,7 @@ def measure(
 
     results = []
     for gpu0_bsz in options:
-        forward, error = loop.prepare(wrap(probe, gpu0_bsz)), None
+        forward, error = loop.prepare(wrap(copied, gpu0_bsz)), None
         try:
             for _ in range(warmup):
                 step(forward)
@@ -189,24 +197,24 @@ def measure(
         del forward
         if error is not None:  # outside the handler: its traceback no longer pins tensors
             results.append(Measurement(gpu0_bsz, 0.0, (), error))
-        probe.zero_grad(set_to_none=True)
+        copied.zero_grad(set_to_none=True)
         if devices:
             torch.cuda.empty_cache()
-    return results  # the caller empties the cache once the probe and its batch are gone
+    return results  # the caller empties the cache once the copy and its batch are gone
 
 
 def resolve_gpu0_bsz(
     model: nn.Module,
-    micro: int,
+    plan: BatchPlan,
     n_gpus: int,
     on_cuda: bool,
     wrap: Callable[[nn.Module, int], nn.Module],
     loop: LoopForward,
-    accum: int = 1,
 ) -> tuple[Optional[int], list[str]]:
     """`auto` -> (GPU 0's samples per forward, notes). Profiles only with two or more GPUs.
     The notes give the choice as balanced_dp.gpu0_bsz means it: per optimizer step, i.e.
-    times the `accum` forwards of a step."""
+    times the plan's grad_accum forwards of a step."""
+    micro, accum = plan.micro, plan.grad_accum
     if not on_cuda or n_gpus < 2:
         where = "on the CPU" if not on_cuda else "on one GPU"
         return None, [
@@ -215,7 +223,7 @@ def resolve_gpu0_bsz(
         ]
     devices = [torch.device("cuda", i) for i in range(n_gpus)]
     options = candidates(micro, n_gpus)
-    measurements = measure(model, wrap, micro, devices, options, loop)
+    measurements = measure(model, wrap, Probe(micro, devices), options, loop)
     torch.cuda.empty_cache()  # what the profiling held is free again
     choice, why = choose_gpu0_bsz(measurements)
     shown = "null" if choice is None else str(choice * accum)

@@ -35,7 +35,8 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -57,10 +58,12 @@ from pipeline.context import DistContext
 from pipeline.errors import UserError
 from pipeline.strategies.base import (
     Autocast,
+    Loss,
     PipelinedRun,
     StateDict,
     StrategyFacts,
     StrategySpec,
+    step_loss,
 )
 
 FACTS = StrategyFacts(
@@ -173,10 +176,7 @@ def parallelize(
     step_batch = plan.micro
     flops = block_flops(model)
     bounds = split_points(flops, stages)
-    loss_scale = chunks * plan.grad_accum
-
-    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, labels) / loss_scale
+    loss_fn = step_loss(F.cross_entropy, plan, chunks)  # the schedule's backward takes it
 
     notes = [
         f"pipeline_parallel: blocks split at {bounds[1:-1]} by forward FLOPs per image {flops}"
@@ -188,7 +188,8 @@ def parallelize(
             f"batch of {step_batch}: not the same computation as single"
         )
     if ctx.world_size == 1:
-        return looped(model, options, ctx, bounds, loss_fn, notes, step_batch)
+        run = looped(model, options, ctx, bounds, loss_fn, step_batch)
+        return replace(run, notes=(*notes, *run.notes))
     blocks = stage_blocks(model, bounds[ctx.rank], bounds[ctx.rank + 1])
     # Shapes and dtypes between stages are inferred from the first micro-batch (again when
     # the schedule switches between training and eval; module buffers are restored after).
@@ -226,8 +227,7 @@ def looped(
     options: PipelineParallelConfig,
     ctx: DistContext,
     bounds: list[int],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    notes: list[str],
+    loss_fn: Loss,
     step_batch: int,
 ) -> PipelinedRun:
     """Every stage in this one process, on its one device, run by a looped schedule."""
@@ -253,7 +253,7 @@ def looped(
         return out
 
     where = f"1 {'GPU' if ctx.on_cuda else 'process'}"
-    notes.append(
+    note = (
         f"pipeline_parallel: {stages} stages on {where}: no overlap (the looped "
         f"{schedule_class.__name__} schedule runs with its micro-batches, but one device "
         f"works on one stage at a time)"
@@ -264,7 +264,7 @@ def looped(
         writer=True,
         devices=[str(ctx.device)],
         batch_split=[step_batch],
-        notes=tuple(notes),
+        notes=(note,),
         eval_batch_size=step_batch,
     )
 

@@ -112,26 +112,18 @@ def new_record(
 class Tracker:
     """The writer's side of one strategy's MLflow run."""
 
-    def __init__(
-        self,
-        record_path: Path,
-        experiment: str,
-        run_name: str,
-        tags: dict[str, str],
-        params: dict[str, Any],
-        fingerprint: str,
-        fresh: bool,
-    ):
-        """`fresh`: the run trains from its first step. Where the last run had the same
-        fingerprint and ended (its checkpoints were deleted, say), it gets an MLflow run of
-        its own, and that one stays as it ended, with its metrics and artifacts. One still
-        RUNNING is this stage's own, whose workers torchrun restarted before their first
-        checkpoint: it goes on."""
+    def __init__(self, record_path: Path, new: dict[str, Any], fresh: bool):
+        """`new`: the record of this run were it new (`new_record`: its fingerprint, its
+        experiment, name, tags and params). `fresh`: the run trains from its first step.
+        Where the last run had the same fingerprint and ended (its checkpoints were deleted,
+        say), it gets an MLflow run of its own, and that one stays as it ended, with its
+        metrics and artifacts. One still RUNNING is this stage's own, whose workers torchrun
+        restarted before their first checkpoint: it goes on."""
         self.record_path = record_path
         record = read_record(record_path)
         ended = record.get("status", RUNNING) != RUNNING
-        if record.get("fingerprint") != fingerprint or (fresh and ended):  # a new run
-            record = new_record(fingerprint, experiment, run_name, tags, params)
+        if record.get("fingerprint") != new["fingerprint"] or (fresh and ended):  # a new run
+            record = new
         record["status"] = RUNNING  # a resumed run that had failed or was stopped runs again
         self.record = record
         self._write()

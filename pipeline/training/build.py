@@ -13,23 +13,23 @@ import torch
 
 from pipeline import memory
 from pipeline.batch_plan import BatchPlan
-from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData
 from pipeline.data.fashion_mnist import DATA_DIR
-from pipeline.data.loaders import Batches, make_batches
+from pipeline.data.loaders import Batches, Feed, make_batches
 from pipeline.strategies.base import (
     DataParallelRun,
     Forward,
     LoopForward,
+    Loss,
     PipelinedRun,
     Run,
     StrategyFacts,
-    StrategySpec,
+    step_loss,
 )
 from pipeline.training.graphed_step import GraphedStep, step_graph
 from pipeline.training.model import build_model
-from pipeline.training.optim import loss_function, make_optimizer
+from pipeline.training.optim import LrSchedule, loss_function, make_optimizer
 from pipeline.training.precision import (
     Precision,
     build_precision,
@@ -40,6 +40,7 @@ from pipeline.training.precision import (
     graph_step_marker,
     job_capabilities,
 )
+from pipeline.training.run_spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -62,29 +63,31 @@ class Training:
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
-    loss_fn: Callable[..., torch.Tensor]
+    # a DataParallelRun's loss for one forward's backward: train.label_smoothing, scaled
+    # for the step's grad_accum forwards (base.step_loss)
+    loss_fn: Loss
+    schedule: LrSchedule  # the learning rate of each global step, from the plan
 
 
 def build_training(
-    cfg: Config,
-    strategy: StrategySpec[Any],
+    spec: RunSpec[Any],
     ctx: DistContext,
     data: DeviceData,
     plan: BatchPlan,
     raw_dir: Path = DATA_DIR / "raw",
 ) -> Training:
-    """`raw_dir`: the fetched IDX files, which data.loader=dataloader reads via torchvision.
-    A run with a setting still to decide (`run.tuned`) is settled by tuning.py."""
-    device, facts = ctx.device, strategy.facts
+    """`plan`: the batch over this job's ranks (`RunSpec.job_plan`). `raw_dir`: the fetched
+    IDX files, which data.loader=dataloader reads via torchvision. A run with a setting still
+    to decide (`run.tuned`) is settled by tuning.py."""
+    device, facts, train = ctx.device, spec.facts, spec.train
     # one precision for the job, which every rank computes its gradients in (a collective)
     capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
-    prec = build_precision(cfg.train.precision, device, capabilities)
-    model = build_model(cfg.model.width, cfg.seed).to(device, prec.dtype)
-    run = strategy.parallelize(model, getattr(cfg, facts.name), plan, ctx, prec.autocast)
-    prec, channels_last = fit_to_strategy(prec, run, facts, cfg.train.channels_last)
+    prec = build_precision(train.precision, device, capabilities)
+    model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
+    run = spec.strategy.parallelize(model, spec.options, plan, ctx, prec.autocast)
+    prec, channels_last = fit_to_strategy(prec, run, facts, train.channels_last)
     configure_backends(prec, device)
     pipelined = isinstance(run, PipelinedRun)
-    train = cfg.train
 
     graphed, mode, graph_notes = step_graph(
         train, facts.cuda_graphs, device, ctx.world_size, run.devices, prec.name
@@ -99,20 +102,11 @@ def build_training(
         return compiled
 
     forward, compile_notes = prepare(run.forward if isinstance(run, DataParallelRun) else None)
-    optimizer = make_optimizer(run.module.parameters(), cfg.train)
+    optimizer = make_optimizer(run.module.parameters(), train)
     # compile's own graphs and their step marker give way to the whole step's
     new_graph_step = graph_step_marker(train, facts.cuda_graphs and not graphed)
-    loader = make_batches(
-        data,
-        cfg.data,
-        cfg.seed,
-        plan,
-        plan.data_rank(ctx.rank),
-        prec.dtype,
-        channels_last,
-        device,
-        raw_dir,
-    )
+    feed = Feed(plan, plan.data_rank(ctx.rank), prec.dtype, channels_last, device)
+    loader = make_batches(data, spec.data, spec.seed, feed, raw_dir)
     return Training(
         run=run,
         facts=facts,
@@ -144,7 +138,8 @@ def build_training(
         prec=prec,
         loader=loader,
         optimizer=optimizer,
-        loss_fn=loss_function(cfg.train, schedule_owns_loss=pipelined),
+        loss_fn=step_loss(loss_function(train, schedule_owns_loss=pipelined), plan),
+        schedule=LrSchedule.of(train, plan.steps),
         graphed=GraphedStep(optimizer, device) if graphed else None,
     )
 

@@ -25,7 +25,7 @@ from pipeline.training.checkpoint import (
     set_rng_state,
     sharded_state,
 )
-from pipeline.training.faults import Fault
+from pipeline.training.faults import Hooks
 from pipeline.training.identity import RunIdentity
 
 TUNED = "tuned.json"  # beside the checkpoints: what the run decided at its start, at once
@@ -65,10 +65,9 @@ class CheckpointPolicy:
         identity: RunIdentity,
         ctx: DistContext,
         writer: bool,
-        fault: Fault | None,
     ):
         self.options, self.epochs, self.identity, self.ctx = options, epochs, identity, ctx
-        self.writer, self.fault = writer, fault
+        self.writer = writer
         self.ckpt = Checkpointer(directory, ctx.rank, ctx.world_size, writer, identity.key)
 
     def due(self, epochs_done: int) -> bool:
@@ -174,7 +173,16 @@ class CheckpointPolicy:
             return {}
         return dict(kept.get("tuned", {})) if kept.get("fingerprint") == self.identity.key else {}
 
-    def save(self, at: Position, progress: Progress, training: Training, run_id: Any) -> None:
+    def save(
+        self,
+        at: Position,
+        progress: Progress,
+        training: Training,
+        run_id: Any,
+        hooks: Hooks = Hooks(),
+    ) -> None:
+        """Checkpoint `progress` at `at`; `hooks` hear of the point between this rank's file
+        written and the checkpoint committed ("checkpoint")."""
         prec = training.prec
         state = {  # this rank's own; the model and optimizer go to DCP (`sharded`)
             "rng": rng_state(self.ctx.device),
@@ -192,8 +200,7 @@ class CheckpointPolicy:
         }
 
         def written() -> None:  # this rank's file is on disk, the commit still pending
-            if self.fault is not None:
-                self.fault.fire_if("checkpoint", self.ctx.rank, at.epoch, at.step)
+            hooks.at("checkpoint", at.epoch, at.step)
 
         sharded = sharded_state(training.run.module, training.optimizer)
         self.ckpt.save(at, state, record, on_written=written, sharded=sharded)

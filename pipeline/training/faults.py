@@ -21,6 +21,10 @@ of guessing where a running job is. A kill prints `fault: rank R killed ...` fir
 Faults separated by `;` belong to torchrun's attempts in turn: the first to the first attempt,
 the second to the first restart, and so on (list them in the order training reaches them, as
 each restart resumes from the last checkpoint); an attempt past the list runs on undisturbed.
+
+The run reaches its points through its `Hooks` (`hooks.at(point, epoch, step)`), which do
+nothing unless this attempt has a fault (`hooks_from_env`): the training code never asks
+whether a test is running.
 """
 
 from __future__ import annotations
@@ -82,6 +86,36 @@ class Fault:
         )
         while not signalled() and not (self.release and Path(self.release).exists()):
             time.sleep(HOLD_POLL_S)
+
+
+class Hooks:
+    """What a run calls at each of its POINTS: nothing, by default."""
+
+    def at(self, point: str, epoch: int = 1, step: int = 0) -> None:
+        """The run reached `point` (of 1-based `epoch`, before optimizer step `step`)."""
+
+
+@dataclass(frozen=True)
+class FaultHooks(Hooks):
+    """This attempt's fault, fired in process `rank`. `signalled`: a SIGTERM has arrived."""
+
+    fault: Fault
+    rank: int
+    signalled: Callable[[], bool]
+
+    def at(self, point: str, epoch: int = 1, step: int = 0) -> None:
+        # a hold before a step or at the end also ends with a SIGTERM (the stop it waits
+        # for); elsewhere only its release file ends it
+        signalled = self.signalled if point in ("step", "end") else lambda: False
+        self.fault.fire_if(point, self.rank, epoch, step, signalled)
+
+
+def hooks_from_env(
+    rank: int, signalled: Callable[[], bool], env: Mapping[str, str] | None = None
+) -> Hooks:
+    """The hooks of this attempt in process `rank`: its fault's, if it has one."""
+    fault = fault_from_env(env)
+    return Hooks() if fault is None else FaultHooks(fault, rank, signalled)
 
 
 def parse_faults(text: str | None) -> list[Fault]:

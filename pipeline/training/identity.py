@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config, flatten
 from pipeline.strategies.base import StrategyFacts
+from pipeline.training.run_spec import RunSpec
 
 # Keys (or, ending in ".", sections) that shape every strategy's trajectory. The rest of
 # params.yaml is the strategies' own sections (each strategy's FACTS say which of its keys
@@ -144,16 +144,13 @@ def shapes(key: str, keys: tuple[str, ...]) -> bool:
 
 
 def run_identity(
-    cfg: Config,
-    facts: StrategyFacts[Any],
-    world_size: int,
-    data_file: Path,
-    hardware: dict[str, Any],
+    spec: RunSpec[Any], world_size: int, data_file: Path, hardware: dict[str, Any]
 ) -> RunIdentity:
+    facts = spec.facts
     keys = shaping_keys(facts)
-    params = {k: v for k, v in flatten(cfg).items() if shapes(k, keys)}
+    params = {k: v for k, v in spec.params.items() if shapes(k, keys)}
     world: int | None = world_size
-    if facts.same_at_any_world_size(getattr(cfg, facts.name)):
+    if facts.same_at_any_world_size(spec.options):
         # how many processes (and devices) split the work does not change what is computed:
         # a checkpoint resumes at another world size, resharded (a node lost under
         # dist.min_nnodes, or more GPUs)

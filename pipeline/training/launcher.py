@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import strategies
-from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config, load_config
 from pipeline.data.fashion_mnist import train_samples
 from pipeline.errors import (
@@ -49,6 +48,7 @@ from pipeline.training.devices import choose_devices, workers_can_fork
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.final_model import model_source
+from pipeline.training.run_spec import resolve_run
 from pipeline.training.topology import (
     check_job,
     launch_settings,
@@ -96,19 +96,19 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     """Validate the rest (`cfg`: params.yaml with `overrides`, already checked), then run the
     strategy's workers under torchrun; the stage's exit code (`stage_exit`), with one line for
     a user error found by a worker."""
-    strategy = strategies.get(name)
     strategies.check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())
     parse_faults(os.environ.get(FAULT_ENV))
     gpus = choose_devices(cfg.devices, os.environ)
-    plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
-    nproc = strategy.nproc(getattr(cfg, name), plan, len(gpus))
+    spec = resolve_run(cfg, name)  # as each worker resolves its own (run_spec.py)
+    plan = spec.plan  # the batch as one process trains it
+    nproc = spec.strategy.nproc(spec.options, plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
-    check_job(strategy.facts, topology, nproc, plan)
+    check_job(spec.facts, topology, nproc, plan)
     for directory in (RESULTS / name, CHECKPOINTS / name):
         check_writable(directory)
     check_kept_files(name)
-    plan.drawing_from(train_samples(cfg.data.limit_train))  # the data is there, and holds a batch
+    plan.drawing_from(train_samples(spec.data.limit_train))  # the data is there, and holds a batch
     # what the workers train with: all but the dist.* overrides, which only shape the launch
     worker_cfg = load_config("params.yaml", worker_overrides(overrides))
     settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)

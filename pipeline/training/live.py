@@ -102,21 +102,24 @@ def number(value: Optional[float], spec: str) -> str:
     return "?" if value is None else format(value, spec)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What a progress line reports of the steps so far (None: not known yet)."""
+
+    loss: Optional[float]
+    samples_per_s: Optional[float]
+    eta: Optional[float]  # seconds left of the epoch
+    peaks: list[DevicePeak]
+
+
 def progress_line(
-    name: str,
-    epoch: int,
-    epochs: int,
-    done: int,
-    steps: int,
-    loss: Optional[float],
-    samples_per_s: Optional[float],
-    eta: Optional[float],
-    peaks: list[DevicePeak],
+    name: str, epoch: int, epochs: int, done: int, steps: int, reading: Reading
 ) -> str:
     """The line a log gets every report.log_every_s seconds (`epoch` 1-based)."""
+    loss, samples = number(reading.loss, ".4f"), number(reading.samples_per_s, ".0f")
     return (
-        f"train[{name}] epoch {epoch}/{epochs} step {done}/{steps}: loss {number(loss, '.4f')} "
-        f"{number(samples_per_s, '.0f')} samples/s ETA {clock(eta)} memory {memory_text(peaks)}"
+        f"train[{name}] epoch {epoch}/{epochs} step {done}/{steps}: loss {loss} "
+        f"{samples} samples/s ETA {clock(reading.eta)} memory {memory_text(reading.peaks)}"
     )
 
 
@@ -260,10 +263,7 @@ class LiveProgress:
                         self.epochs,
                         point.done,
                         self.steps,
-                        loss,
-                        samples,
-                        eta,
-                        self.memory_now(),
+                        Reading(loss, samples, eta, self.memory_now()),
                     ),
                     flush=True,
                 )

@@ -10,39 +10,43 @@ to the host now and then without waiting (live.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.config import TrainConfig
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, eval_shard
 from pipeline.strategies.base import PipelinedRun
 from pipeline.timeline import mark
 from pipeline.training.build import Training
-from pipeline.training.faults import Fault
+from pipeline.training.faults import Hooks
 from pipeline.training.graphed_step import Step
 from pipeline.training.live import LiveProgress
-from pipeline.training.optim import lr_at, set_lr
+from pipeline.training.optim import set_lr
 from pipeline.training.stop import StopRequest
 
 
-def train_epoch(
-    training: Training,
-    train: TrainConfig,
-    epoch: int,
-    start_step: int,
-    totals: torch.Tensor,
-    stop: StopRequest,
-    fault: Fault | None,
-    rank: int,
-    live: LiveProgress | None = None,
-) -> int | None:
+@dataclass(frozen=True)
+class Trainer:
+    """What runs the steps beside the model: this process (`ctx`), the stop request every
+    step consults, the hooks it reaches (faults.py: nothing outside the tests) and the
+    writer's live report (a bar or log lines, MLflow step metrics; None elsewhere)."""
+
+    training: Training
+    ctx: DistContext
+    stop: StopRequest
+    hooks: Hooks = Hooks()
+    live: LiveProgress | None = None
+
+
+def train_epoch(trainer: Trainer, epoch: int, start_step: int, totals: torch.Tensor) -> int | None:
     """Optimizer steps start_step.. of one pass over the shuffled training set, adding
     [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
-    here waits for the GPU. `live`: the writer's progress report (a bar or log lines, MLflow
-    step metrics), which reads `totals` without waiting either. Returns the step it stopped
-    before on SIGTERM, else None."""
+    here waits for the GPU, nor does the live report, which reads `totals`. Returns the step
+    it stopped before on SIGTERM, else None."""
+    training, stop, live, rank = trainer.training, trainer.stop, trainer.live, trainer.ctx.rank
     run, optimizer, loader = training.run, training.optimizer, training.loader
     run.module.train()
     steps = loader.epoch(epoch, start_step)  # (step, this rank's micro-batches) on the device
@@ -51,9 +55,8 @@ def train_epoch(
     for step, micro_batches in steps:
         if stop.agreed():  # a collective at the steps every rank picks alike (stop.py)
             return step
-        if fault is not None:
-            fault.fire_if("step", rank, epoch + 1, step, signalled=lambda: stop.flag)
-        set_lr(optimizer, lr_at(train, epoch * loader.steps + step, loader.steps))
+        trainer.hooks.at("step", epoch + 1, step)
+        set_lr(optimizer, training.schedule.at(epoch * loader.steps + step))
         if training.graphed is not None:  # one micro-batch (graphed_step.step_graph)
             ((x, y),) = micro_batches
             training.graphed(whole_step(training), x, y, totals)
@@ -71,7 +74,7 @@ def eager_step(
 ) -> None:
     """One optimizer step over this rank's micro-batches, kernel by kernel."""
     run, prec, optimizer = training.run, training.prec, training.optimizer
-    accum = training.plan.grad_accum
+    last = training.plan.grad_accum - 1
     for micro, (x, y) in enumerate(micro_batches):
         training.new_graph_step()  # the last step's outputs are consumed (totals queued)
         logits: torch.Tensor | None
@@ -80,12 +83,12 @@ def eager_step(
                 logits = run.step(x, y, True)
         else:
             assert training.forward is not None  # a DataParallelRun always has one
-            with run.reduce_grads_if(micro == accum - 1):
+            with run.reduce_grads_if(micro == last):
                 with prec.autocast():
                     logits = training.forward(x)
-                    # mean over this rank's share; DDP/FSDP average over ranks, and
-                    # / accum makes the accumulated gradient the mean over the global batch
-                    loss = training.loss_fn(logits, y.to(logits.device)) / accum
+                    # mean over this rank's share, / grad_accum (step_loss); DDP/FSDP
+                    # average over ranks: the gradient is the mean over the global batch
+                    loss = training.loss_fn(logits, y.to(logits.device))
                 prec.backward(loss)  # scaled first when fp16 needs it
         if logits is not None:
             totals += batch_totals(logits.detach(), y)
@@ -95,8 +98,9 @@ def eager_step(
 
 def whole_step(training: Training) -> Step:
     """The step graphed_step.py captures: what `eager_step` computes for one micro-batch of
-    a DataParallelRun without a loss scaler (the only runs it applies to), with autocast's
-    cast cache off, as a capture requires (a cached cast would not be redone in a replay)."""
+    a DataParallelRun (grad_accum 1: the loss's scale is 1) without a loss scaler (the only
+    runs it applies to), with autocast's cast cache off, as a capture requires (a cached cast
+    would not be redone in a replay)."""
     prec, optimizer, forward = training.prec, training.optimizer, training.forward
     assert forward is not None
 

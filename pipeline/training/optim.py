@@ -4,7 +4,7 @@ SGD runs as one fused kernel over all parameters where PyTorch has one for them 
 CPU tensors), else as foreach (multi-tensor) kernels: FSDP's sharded DTensor parameters. Both
 replace a Python loop of small kernels per parameter; the update is the same SGD.
 
-The schedule is a pure function of the global optimizer step (`lr_at`), set into the
+The schedule is a pure function of the global optimizer step (`LrSchedule.at`), set into the
 optimizer before every step: nothing to checkpoint, and a run resumed mid-epoch continues on
 exactly the curve it left.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,27 +39,46 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> 
     )
 
 
-def lr_at(train: TrainConfig, step: int, steps_per_epoch: int) -> float:
-    """Learning rate for global optimizer step `step` (0-based) of a run of train.epochs.
+@dataclass(frozen=True)
+class LrSchedule:
+    """The learning rate of every global optimizer step (0-based) of a run of train.epochs,
+    its figures worked out once, where the run is built (build.py), from the train section
+    and the plan's steps per epoch.
 
     none: constant. cosine: linear warm-up to lr over warmup_epochs, then half a cosine
     towards 0 (reached one step after the last). onecycle: OneCycleLR's shape (cosine phases,
     no momentum cycling) with its peak at warmup_epochs: lr/25 up to lr, then down to lr/25e4.
     """
-    peak = effective_lr(train)
-    total = train.epochs * steps_per_epoch
-    warm = min(round(train.warmup_epochs * steps_per_epoch), total - 1)
-    if train.lr_schedule == "none":
-        return peak
-    if train.lr_schedule == "cosine":
-        if step < warm:
-            return peak * (step + 1) / warm
-        return peak * 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-    start, end = peak / ONECYCLE_DIV, peak / ONECYCLE_DIV / ONECYCLE_FINAL_DIV
-    rise = max(0, warm - 1)  # OneCycleLR puts the peak at step pct_start * total - 1
-    if step < rise:
-        return _cos_between(start, peak, step / rise)
-    return _cos_between(peak, end, (step - rise) / max(1, total - 1 - rise))
+
+    kind: str  # train.lr_schedule
+    peak: float  # the effective lr (after lr_scaling)
+    total: int  # optimizer steps of the run
+    warm: int  # steps of the warm-up
+
+    @classmethod
+    def of(cls, train: TrainConfig, steps_per_epoch: int) -> LrSchedule:
+        total = train.epochs * steps_per_epoch
+        warm = min(round(train.warmup_epochs * steps_per_epoch), total - 1)
+        return cls(train.lr_schedule, effective_lr(train), total, warm)
+
+    def at(self, step: int) -> float:
+        peak, total, warm = self.peak, self.total, self.warm
+        if self.kind == "none":
+            return peak
+        if self.kind == "cosine":
+            if step < warm:
+                return peak * (step + 1) / warm
+            return peak * 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+        start, end = peak / ONECYCLE_DIV, peak / ONECYCLE_DIV / ONECYCLE_FINAL_DIV
+        rise = max(0, warm - 1)  # OneCycleLR puts the peak at step pct_start * total - 1
+        if step < rise:
+            return _cos_between(start, peak, step / rise)
+        return _cos_between(peak, end, (step - rise) / max(1, total - 1 - rise))
+
+
+def lr_at(train: TrainConfig, step: int, steps_per_epoch: int) -> float:
+    """Learning rate for global optimizer step `step` (`LrSchedule`, built for this one)."""
+    return LrSchedule.of(train, steps_per_epoch).at(step)
 
 
 def _cos_between(a: float, b: float, fraction: float) -> float:

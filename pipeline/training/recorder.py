@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline import memory
-from pipeline.config import Config, effective_lr, flatten, to_yaml
+from pipeline.config import effective_lr
 from pipeline.context import DistContext
 from pipeline.files import atomic_write
 from pipeline.results import (
@@ -26,10 +26,20 @@ from pipeline.results import (
     write_results,
 )
 from pipeline.timeline import mark
-from pipeline.tracking.mlflow_run import FAILED, FINISHED, KILLED, NullTracker, Tracker
+from pipeline.tracking.mlflow_run import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    NullTracker,
+    Tracker,
+    new_record,
+)
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
 from pipeline.training.build import Training
+from pipeline.training.checkpoint import Position
+from pipeline.training.checkpoint_policy import Progress
 from pipeline.training.final_model import model_source
+from pipeline.training.run_spec import RunSpec
 
 
 def writer_log(name: str, writer: bool) -> Callable[[str], None]:
@@ -50,32 +60,32 @@ def _tag(value: Any) -> str:
 class RunRecorder:
     def __init__(
         self,
-        cfg: Config,
-        name: str,
+        spec: RunSpec[Any],
         ctx: DistContext,
         training: Training,
         key: str,
-        history: list[EpochRow],
-        fresh: bool,
-        run_notes: list[str],
+        progress: Progress,
     ):
-        """`history`: the epochs a resumed run already finished; `fresh`: the run starts
-        from its first step (a new MLflow run)."""
-        self.fresh = fresh
+        """`key`: the run identity's; `progress`: where the run starts, its history the
+        epochs a resumed run already finished (the list the epochs go on adding to)."""
+        # A new MLflow run where training starts from scratch, but not for torchrun
+        # restarting this job's workers (the stage's same attempt, whose run a failed rank
+        # may have ended)
+        self.fresh = progress.position == Position(0, 0) and ctx.restart == 0
         # the strategy's notes and the precision's, then what happened to this run on its way
-        self.notes = [*training.notes, *run_notes]
-        self.name, self.ctx, self.training, self.key = name, ctx, training, key
-        self.history = history
-        self.epochs, self.final_wait_s = cfg.train.epochs, cfg.mlflow.final_sync_wait_s
-        self.log_model = cfg.mlflow.log_model
-        self.config_yaml = to_yaml(cfg)
+        self.notes = [*training.notes, *progress.notes]
+        self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
+        self.key, self.history = key, progress.history
+        self.epochs, self.final_wait_s = spec.train.epochs, spec.mlflow.final_sync_wait_s
+        self.log_model = spec.mlflow.log_model
+        self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
         self.writer = training.run.writer
-        self.say = writer_log(name, self.writer)
-        self.tracker = self._open_tracker(cfg) if self.writer else NullTracker()
-        if history:  # a resumed run's epochs, back in the plot DVC removed before the stage
+        self.say = writer_log(self.name, self.writer)
+        self.tracker = self._open_tracker() if self.writer else NullTracker()
+        if self.history:  # a resumed run's epochs, back in the plot DVC removed before the stage
             self._write_history()
 
-    def _open_tracker(self, cfg: Config) -> Tracker:
+    def _open_tracker(self) -> Tracker:
         """The MLflow run (a resumed run continues the same one), its system metrics started."""
         run, ctx = self.training.run, self.ctx
         gpus = ctx.physical_gpus(run.devices)  # the run's, not every GPU it could see
@@ -95,24 +105,19 @@ class RunRecorder:
             "mlflow.note.content": "\n".join(self.notes),
             **gpu_tags(gpus),
         }
+        spec = self.spec
         params: dict[str, Any] = {
-            **flatten(cfg),
+            **spec.params,  # what it ran with: no other strategy's section
             "strategy": self.name,
             "world_size": ctx.world_size,
-            "effective_lr": effective_lr(cfg.train),
+            "effective_lr": effective_lr(spec.train),
             **run.params,
         }
-        tracker = Tracker(
-            CHECKPOINTS / self.name / RUN_RECORD,
-            cfg.mlflow.experiment,
-            self.name,
-            tags,
-            params,
-            self.key,
-            fresh=self.fresh,
-        )
+        new = new_record(self.key, spec.mlflow.experiment, self.name, tags, params)
+        tracker = Tracker(CHECKPOINTS / self.name / RUN_RECORD, new, fresh=self.fresh)
         # a run resumed at its end trains nothing: no samples of it in the finished run
-        interval = cfg.report.system_metrics_interval_s if len(self.history) < self.epochs else None
+        trains = len(self.history) < self.epochs
+        interval = spec.report.system_metrics_interval_s if trains else None
         tracker.open_soon(
             self.history,
             lambda: tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history)),

@@ -19,25 +19,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline import memory, strategies
-from pipeline.batch_plan import BatchPlan
-from pipeline.config import Config, TrainConfig
+from pipeline import memory
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, to_device
 from pipeline.data.fashion_mnist import DATA_DIR, TENSORS, load_tensors
 from pipeline.results import CHECKPOINTS, EpochRow, RunSummary
-from pipeline.strategies.base import StrategyFacts
 from pipeline.timeline import mark
 from pipeline.training.build import Training, build_training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import CheckpointPolicy, Progress
-from pipeline.training.faults import Fault, fault_from_env
+from pipeline.training.faults import hooks_from_env
 from pipeline.training.hardware import run_hardware
 from pipeline.training.identity import run_identity
 from pipeline.training.live import LiveProgress, LiveSettings
-from pipeline.training.loop import evaluate, reduce_totals, train_epoch, wait_for_device
+from pipeline.training.loop import (
+    Trainer,
+    evaluate,
+    reduce_totals,
+    train_epoch,
+    wait_for_device,
+)
 from pipeline.training.precision import compile_cache_line
 from pipeline.training.recorder import RunRecorder, writer_log
+from pipeline.training.run_spec import RunSpec
 from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
@@ -51,20 +55,21 @@ class RunEnd:
     writer: bool
 
 
-def job_plan(
-    train: TrainConfig, facts: StrategyFacts[Any], n_train: int, world_size: int
-) -> BatchPlan:
-    """The batch plan of a job of `world_size` processes: over every rank where the strategy
-    is data-parallel, else as one process trains it."""
-    plan = BatchPlan.make(train.batch_size, train.grad_accum)
-    if facts.data_parallel:
-        plan = plan.over(world_size, facts.name)
-    return plan.drawing_from(n_train)
+@dataclass(frozen=True)
+class Session:
+    """One process's run, as its epochs go: the steps' trainer (the training, this process,
+    the stop request, the hooks, the live report), what the run is and trains on, when it
+    checkpoints (`policy`) and what it leaves behind (`recorder`)."""
+
+    trainer: Trainer
+    spec: RunSpec[Any]
+    data: DeviceData
+    policy: CheckpointPolicy
+    recorder: RunRecorder
 
 
 def run(
-    cfg: Config,
-    name: str,
+    spec: RunSpec[Any],
     ctx: DistContext,
     control_group: dist.ProcessGroup | None = None,
     terminal_columns: int | None = None,
@@ -74,43 +79,31 @@ def run(
     (live.terminal_columns): the writer then shows a bar instead of progress lines."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
-    strategy = strategies.get(name)
-    fault = fault_from_env()
+    name = spec.name
     stop = StopRequest(control_group, ctx.world_size)
-    torch.manual_seed(cfg.seed)
-    data = to_device(load_tensors(), ctx.device, cfg.data.limit_train, cfg.data.limit_test)
+    hooks = hooks_from_env(ctx.rank, lambda: stop.flag)
+    torch.manual_seed(spec.seed)
+    data = to_device(load_tensors(), ctx.device, spec.data.limit_train, spec.data.limit_test)
     mark("data on device", ctx.rank)
-    plan = job_plan(cfg.train, strategy.facts, len(data.train_labels), ctx.world_size)
-    training = build_training(cfg, strategy, ctx, data, plan)
+    plan = spec.job_plan(ctx.world_size, len(data.train_labels))
+    training = build_training(spec, ctx, data, plan)
     mark("model built", ctx.rank)
     hardware = run_hardware(ctx, training.run.devices, training.prec.name)
-    identity = run_identity(cfg, strategy.facts, ctx.world_size, DATA_DIR / TENSORS, hardware)
+    identity = run_identity(spec, ctx.world_size, DATA_DIR / TENSORS, hardware)
     policy = CheckpointPolicy(
-        cfg.checkpoint,
-        cfg.train.epochs,
-        CHECKPOINTS / name,
-        identity,
-        ctx,
-        training.run.writer,
-        fault,
+        spec.checkpoint, spec.train.epochs, CHECKPOINTS / name, identity, ctx, training.run.writer
     )
     say = writer_log(name, training.run.writer)
     progress = policy.resume(training, say)
     # what the run decides at its start (balanced_dp.gpu0_bsz: auto): a resume's is kept
     training = settle(training, progress.tuned, policy.keep_tuned, say)
-    # A new MLflow run where training starts from scratch, but not for torchrun restarting
-    # this job's workers (the stage's same attempt, whose run a failed rank may have ended)
-    fresh = progress.position == Position(0, 0) and ctx.restart == 0
-    recorder = RunRecorder(
-        cfg, name, ctx, training, identity.key, progress.history, fresh, progress.notes
-    )
+    recorder = RunRecorder(spec, ctx, training, identity.key, progress)
     mark("mlflow run opened", ctx.rank)
-    live = live_progress(cfg, name, training, ctx, recorder, terminal_columns)
+    live = live_progress(spec, training, ctx, recorder, terminal_columns)
+    trainer = Trainer(training, ctx, stop, hooks, live)
     ok = False
     try:
-        summary = train_epochs(
-            cfg, training, data, ctx, policy, progress, recorder, stop, fault, live
-        )
+        summary = train_epochs(Session(trainer, spec, data, policy, recorder), progress)
         ok = True
         return RunEnd(summary, training.run.writer)
     finally:
@@ -121,8 +114,7 @@ def run(
 
 
 def live_progress(
-    cfg: Config,
-    name: str,
+    spec: RunSpec[Any],
     training: Training,
     ctx: DistContext,
     recorder: RunRecorder,
@@ -131,37 +123,33 @@ def live_progress(
     """The writer's report while an epoch runs; the other ranks report nothing."""
     if not training.run.writer:
         return None
-    settings = LiveSettings(terminal_columns, cfg.report.log_every_s, cfg.mlflow.log_every_steps)
+    settings = LiveSettings(terminal_columns, spec.report.log_every_s, spec.mlflow.log_every_steps)
     devices = memory.local_devices(training.run.devices, ctx)
     return LiveProgress(
         settings,
-        name,
-        cfg.train.epochs,
+        spec.name,
+        spec.train.epochs,
         training.plan.batch_size,
         recorder.tracker.log_steps_soon,
         lambda: memory.read_peaks(devices, ctx),  # allocator counters: no device sync
     )
 
 
-def train_epochs(
-    cfg: Config,
-    training: Training,
-    data: DeviceData,
-    ctx: DistContext,
-    policy: CheckpointPolicy,
-    progress: Progress,
-    recorder: RunRecorder,
-    stop: StopRequest,
-    fault: Fault | None,
-    live: LiveProgress | None = None,
-) -> RunSummary | None:
+def train_epochs(session: Session, progress: Progress) -> RunSummary | None:
     """The epochs from `progress` on; None when a SIGTERM stopped them at a checkpoint."""
+    trainer, policy, recorder = session.trainer, session.policy, session.recorder
+    training, ctx, stop, hooks, live = (
+        trainer.training,
+        trainer.ctx,
+        trainer.stop,
+        trainer.hooks,
+        trainer.live,
+    )
     history, run = progress.history, training.run
     start = time.perf_counter() - progress.wall_seconds  # the clock goes on from the resume
     mem_devices = memory.local_devices(run.devices, ctx)
-    if fault is not None:
-        fault.fire_if("start", ctx.rank)
-    for epoch in range(progress.position.epoch, cfg.train.epochs):
+    hooks.at("start")
+    for epoch in range(progress.position.epoch, session.spec.train.epochs):
         memory.reset_peaks(mem_devices)
         t0 = time.perf_counter()
         # this process's first epoch (fresh or resumed): it pays the start's one-off work
@@ -169,17 +157,7 @@ def train_epochs(
         first_step = progress.position.step if warmup else 0
         # the epoch's seconds before this process: those of its steps 0..first_step-1
         before = progress.epoch_seconds if warmup else 0.0
-        stopped_at = train_epoch(
-            training,
-            cfg.train,
-            epoch,
-            first_step,
-            progress.totals,
-            stop,
-            fault,
-            ctx.rank,
-            live,
-        )
+        stopped_at = train_epoch(trainer, epoch, first_step, progress.totals)
         if stopped_at is not None:
             wait_for_device(ctx.device)  # the steps before the stop, done
             now = time.perf_counter()
@@ -188,7 +166,8 @@ def train_epochs(
             # the time trained until the stop, for the resume to go on from
             progress.wall_seconds = now - start
             progress.epoch_seconds = None if before is None else before + now - t0
-            policy.save(Position(epoch, stopped_at), progress, training, recorder.tracker.run_id)
+            at = Position(epoch, stopped_at)
+            policy.save(at, progress, training, recorder.tracker.run_id, hooks)
             recorder.say(
                 f"SIGTERM: checkpointed at epoch {epoch + 1} step {stopped_at}; "
                 "`dvc repro` resumes from there"
@@ -204,12 +183,11 @@ def train_epochs(
             live.end()  # outside the epoch's time; the device is idle: no wait
         train_peaks = memory.read_peaks(mem_devices, ctx)  # the training steps' alone
         memory.reset_peaks(mem_devices)
-        if fault is not None:
-            fault.fire_if("eval", ctx.rank, epoch + 1)
+        hooks.at("eval", epoch + 1)
         train_loss, train_acc = reduce_totals(progress.totals, ctx)
         progress.totals.zero_()
         test_loss, test_acc = reduce_totals(
-            evaluate(training, data, cfg.train.eval_batch_size, ctx), ctx
+            evaluate(training, session.data, session.spec.train.eval_batch_size, ctx), ctx
         )
         eval_peaks = memory.read_peaks(mem_devices, ctx)
         # every device's peaks, training and evaluation apart, on every rank (collectives)
@@ -231,10 +209,9 @@ def train_epochs(
         history.append(row)  # before the save: the checkpoint's record holds this epoch
         progress.wall_seconds, progress.epoch_seconds = row.wall_seconds, 0.0
         if policy.due(epoch + 1):
-            policy.save(Position(epoch + 1, 0), progress, training, recorder.tracker.run_id)
+            policy.save(Position(epoch + 1, 0), progress, training, recorder.tracker.run_id, hooks)
         recorder.epoch_done(row)
-    if fault is not None:
-        fault.fire_if("end", ctx.rank, signalled=lambda: stop.flag)
+    hooks.at("end")
     mark("trained", ctx.rank)
     if training.features["compile"] != "off":
         recorder.say(compile_cache_line())

@@ -146,13 +146,11 @@ def check_job(facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: B
             f"{topology.source}: got {topology.nnodes}, but strategy {facts.name!r} "
             f"runs on one node; expected 1 (multi-node: {', '.join(spanning)})"
         )
-    if not facts.data_parallel:
-        return
     for nodes in range(topology.min_nodes, topology.max_nodes + 1):
         who = facts.name
         if topology.multi_node:
             who += f" on {nodes} node(s) x {nproc} process(es)"
-        plan.over(nodes * nproc, who)
+        plan.of_job(facts.data_parallel, nodes * nproc, who)
 
 
 def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[str, Any]:

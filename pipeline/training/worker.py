@@ -35,6 +35,7 @@ from pipeline.errors import (
 from pipeline.files import atomic_write
 from pipeline.timeline import mark
 from pipeline.training.live import terminal_columns
+from pipeline.training.run_spec import resolve_run
 from pipeline.training.session import run
 
 TASKS = Path("/proc/self/task")
@@ -82,7 +83,9 @@ def run_worker(strategy: str, config: Callable[[], Config]) -> int:
 
 
 def train(strategy: str, cfg: Config) -> int:
-    """Train, and tell the launcher how it ended (the writer's outcome); the exit code."""
+    """Train, and tell the launcher how it ended (the writer's outcome); the exit code. The
+    Config is resolved here, once, into the run's spec: nothing below sees the rest of it."""
+    spec = resolve_run(cfg, strategy)
     ctx = DistContext.from_env()
     mark("worker", ctx.rank)
     terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
@@ -99,7 +102,7 @@ def train(strategy: str, cfg: Config) -> int:
     if ctx.on_cuda and ctx.world_size > 1:
         control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     try:
-        end = run(cfg, strategy, ctx, control, terminal)
+        end = run(spec, ctx, control, terminal)
     finally:
         dist.destroy_process_group()
     outcome = Outcome.STOPPED if end.summary is None else Outcome.FINISHED

@@ -16,7 +16,7 @@ CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
 def policy(tmp_path, every: int, epochs: int) -> CheckpointPolicy:
     identity = RunIdentity({}, "single", 1, {}, "d", {})
     options = CheckpointConfig(every_epochs=every)
-    return CheckpointPolicy(options, epochs, tmp_path, identity, CPU, True, None)
+    return CheckpointPolicy(options, epochs, tmp_path, identity, CPU, True)
 
 
 @pytest.mark.parametrize(

@@ -18,15 +18,15 @@ from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
-from pipeline.strategies import pipeline_parallel, single
+from pipeline.strategies import pipeline_parallel
 from pipeline.strategies.balanced_dp import BalancedDataParallel
 from pipeline.strategies.base import PipelinedRun
 from pipeline.strategies.replica_autocast import AutocastDataParallel
 from pipeline.training.build import build_training
-from pipeline.training.loop import train_epoch
+from pipeline.training.loop import Trainer, train_epoch
 from pipeline.training.model import build_model
 from pipeline.training.precision import NATIVE_BF16
-from pipeline.training.session import job_plan
+from pipeline.training.run_spec import resolve_run
 from pipeline.training.stop import StopRequest
 from support import parallelize, run_if, strategy_nproc
 
@@ -73,12 +73,13 @@ def test_single_trains_an_epoch_on_the_gpu_in_bf16_autocast(raw_dataset, monkeyp
     cfg = Config()
     cfg.model.width, cfg.train.batch_size, cfg.train.precision = 4, 16, "bf16"
     data = to_device(convert(raw_dataset[0]), GPU.device, 64, 32)  # 4 steps of 16
-    plan = job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single.SPEC, GPU, data, plan)
+    spec = resolve_run(cfg, "single")
+    plan = spec.job_plan(1, len(data.train_labels))
+    training = build_training(spec, GPU, data, plan)
     assert training.prec.name == "bf16" and training.prec.autocast_dtype == torch.bfloat16
     before = [p.detach().clone() for p in training.run.module.parameters()]
     totals = torch.zeros(3, device=GPU.device, dtype=torch.float64)
-    assert train_epoch(training, cfg.train, 0, 0, totals, StopRequest(), None, 0) is None
+    assert train_epoch(Trainer(training, GPU, StopRequest()), 0, 0, totals) is None
     loss_sum, _, count = totals.tolist()
     assert count == 64 and math.isfinite(loss_sum)
     after = list(training.run.module.parameters())

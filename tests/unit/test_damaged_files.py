@@ -18,7 +18,7 @@ from pipeline.config import load_config
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
 from pipeline.data.fashion_mnist import load_tensors
-from pipeline.data.loaders import make_batches
+from pipeline.data.loaders import Feed, make_batches
 from pipeline.errors import UserError
 from pipeline.results import read_checkpoint_record
 from pipeline.tracking.mlflow_run import new_record, read_record
@@ -205,6 +205,6 @@ def test_damaged_raw_files_of_the_dataloader(tmp_path, raw_dataset, damage):
     plan = BatchPlan.make(16, 1).drawing_from(64)
 
     def build():
-        return make_batches(data, cfg.data, 0, plan, 0, torch.float32, False, CPU, raw)
+        return make_batches(data, cfg.data, 0, Feed(plan, 0, torch.float32, False, CPU), raw)
 
     refusal(build, f"{raw}/: not the fetched Fashion-MNIST files", "dvc repro fetch")

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from pipeline.batch_plan import BatchPlan
 from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.strategies import balanced_dp
@@ -22,6 +23,7 @@ from pipeline.strategies.base import LoopForward
 from pipeline.strategies.gpu0_autotune import (
     CHOSEN_KEY,
     Measurement,
+    Probe,
     candidates,
     choose_gpu0_bsz,
     evidence,
@@ -169,11 +171,9 @@ def test_measure_leaves_the_model_and_the_random_streams_untouched():
     results = measure(
         model,
         lambda module, size: wrapped.append(size) or module,
-        micro=4,
-        devices=[],
+        Probe(4, [], passes=2),
         options=[2, 1, 0],
         loop=EAGER,
-        passes=2,
     )
     assert [r.gpu0_bsz for r in results] == wrapped == [2, 1, 0]
     assert all(r.ok and r.samples_per_s > 0 and len(r.peak_mib) == 1 for r in results)
@@ -205,7 +205,7 @@ def test_measure_runs_the_forward_as_the_loop_does():
             return self.module(x)
 
     loop = LoopForward(prepare, nullcontext, True, lambda: steps.append(1))
-    measure(tiny_model(), Wrapped, micro=4, devices=[], options=[2, 0], loop=loop, passes=2)
+    measure(tiny_model(), Wrapped, Probe(4, [], passes=2), options=[2, 0], loop=loop)
     assert prepared == [2, 0] and layouts == [True] * 6 and len(steps) == 6
 
 
@@ -216,7 +216,9 @@ def test_auto_without_two_gpus_is_the_even_split_without_profiling(
     monkeypatch, on_cuda, n_gpus, where
 ):
     monkeypatch.setattr(autotune, "measure", lambda *a, **k: pytest.fail("profiled"))
-    choice, notes = resolve_gpu0_bsz(nn.Linear(2, 2), 16, n_gpus, on_cuda, wrap=None, loop=None)
+    choice, notes = resolve_gpu0_bsz(
+        nn.Linear(2, 2), BatchPlan.make(16, 1), n_gpus, on_cuda, wrap=None, loop=None
+    )
     assert choice is None and len(notes) == 1
     assert notes[0].startswith(f"{CHOSEN_KEY}=null") and where in notes[0]
 
@@ -258,9 +260,12 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
     """What is recorded for 3 GPUs, the measurements standing in for the profiling."""
     seen = {}
 
-    def fake_measure(model, wrap, micro, devices, options, loop):
+    def fake_measure(model, wrap, probe, options, loop):
         seen.update(
-            micro=micro, devices=devices, options=options, wrapped=wrap(model, options[1]).gpu0_bsz
+            micro=probe.micro,
+            devices=probe.devices,
+            options=options,
+            wrapped=wrap(model, options[1]).gpu0_bsz,
         )
         return [m(size, 1000 + size, 500 + 40 * size, 600) for size in options]
 

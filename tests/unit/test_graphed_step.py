@@ -19,10 +19,10 @@ from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
 from pipeline.strategies import fsdp, single
-from pipeline.training import session
 from pipeline.training.build import build_training, speed_features
 from pipeline.training.graphed_step import GraphedStep, step_graph
-from pipeline.training.loop import train_epoch
+from pipeline.training.loop import Trainer, train_epoch
+from pipeline.training.run_spec import resolve_run
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
 CUDA = torch.device("cuda", 0)
@@ -69,8 +69,9 @@ def data(raw_dataset):
 def train(data, graphed_log: list | None):
     """Two epochs of `single` through the loop: eager, or graphed with the fake graph."""
     cfg = config()
-    plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single.SPEC, CPU, data, plan)
+    spec = resolve_run(cfg, "single")
+    plan = spec.job_plan(1, len(data.train_labels))
+    training = build_training(spec, CPU, data, plan)
     if graphed_log is not None:
         step = GraphedStep(training.optimizer, CPU.device, lambda: FakeGraph(graphed_log), WARMUP)
         training = replace(training, graphed=step)
@@ -87,7 +88,7 @@ def train(data, graphed_log: list | None):
     totals = torch.zeros(3, dtype=torch.float64)
     per_epoch = []
     for epoch in range(cfg.train.epochs):
-        assert train_epoch(training, cfg.train, epoch, 0, totals, NoStop(), None, 0) is None
+        assert train_epoch(Trainer(training, CPU, NoStop()), epoch, 0, totals) is None
         per_epoch.append(totals.clone())
         totals.zero_()  # in place, as the session does: the graph adds into this tensor
     return training, per_epoch
@@ -181,8 +182,9 @@ def test_where_the_step_graph_applies_and_why_not_elsewhere():
 def test_the_run_records_which_speed_options_applied(data):
     cfg = config()
     cfg.train.cuda_graph = "step"  # asked, on the CPU: not applied, and the features say so
-    plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single.SPEC, CPU, data, plan)
+    spec = resolve_run(cfg, "single")
+    plan = spec.job_plan(1, len(data.train_labels))
+    training = build_training(spec, CPU, data, plan)
     assert training.graphed is None
     assert "cuda_graph step: not applied (CUDA graphs need a GPU); eager steps" in training.notes
     assert training.features == {

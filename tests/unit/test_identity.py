@@ -9,7 +9,6 @@ import yaml
 
 from pipeline import strategies
 from pipeline.config import Config, flatten
-from pipeline.strategies import ddp, fsdp
 from pipeline.training.hardware import local_facts, merge
 from pipeline.training.identity import (
     NOT_IDENTITY,
@@ -21,6 +20,7 @@ from pipeline.training.identity import (
     shapes,
     source_digest,
 )
+from pipeline.training.run_spec import resolve_run
 from support import REPO, code_deps, fresh_python
 
 # What never changes what a run computes: where the data came from, which strategies the
@@ -112,15 +112,17 @@ def test_the_identity_covers_the_code_this_process_imported(tmp_path):
     assert not any(k.startswith("pipeline/tracking/") for k in code)
     data = tmp_path / "tensors.pt"
     data.write_bytes(b"0123")
-    first = run_identity(Config(), ddp.FACTS, 2, data, HW)
+    first = run_identity(resolve_run(Config(), "ddp"), 2, data, HW)
     cfg = Config()
     cfg.mlflow.experiment, cfg.devices, cfg.checkpoint.max_restarts = "other", "cpu", 3
     cfg.report.log_every_s, cfg.mlflow.log_every_steps = None, 7  # what a run shows as it goes
-    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key == first.key  # nothing that shapes it
+    assert (
+        run_identity(resolve_run(cfg, "ddp"), 2, data, HW).key == first.key
+    )  # nothing that shapes it
     cfg.train.lr = 0.2
-    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key != first.key
+    assert run_identity(resolve_run(cfg, "ddp"), 2, data, HW).key != first.key
     data.write_bytes(b"0124")
-    assert run_identity(Config(), ddp.FACTS, 2, Path(data), HW).key != first.key
+    assert run_identity(resolve_run(Config(), "ddp"), 2, Path(data), HW).key != first.key
 
 
 def module_of(path: str) -> str:
@@ -166,14 +168,15 @@ def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
     data = tmp_path / "tensors.pt"
     data.write_bytes(b"0123")
     cfg = Config()
-    first = run_identity(cfg, ddp.FACTS, 2, data, HW)
+    first = run_identity(resolve_run(cfg, "ddp"), 2, data, HW)
     cfg.fsdp.nproc, cfg.fsdp.mixed_precision, cfg.pipeline_parallel.stages = 3, "bf16", 3
     cfg.ddp.nproc = 4  # the world size, which the identity holds on its own
-    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key == first.key
+    assert run_identity(resolve_run(cfg, "ddp"), 2, data, HW).key == first.key
     cfg.ddp.sync_bn = False
-    assert run_identity(cfg, ddp.FACTS, 2, data, HW).key != first.key
+    assert run_identity(resolve_run(cfg, "ddp"), 2, data, HW).key != first.key
     assert (
-        run_identity(Config(), fsdp.FACTS, 2, data, HW).params.get("fsdp.mixed_precision") == "none"
+        run_identity(resolve_run(Config(), "fsdp"), 2, data, HW).params.get("fsdp.mixed_precision")
+        == "none"
     )
 
 
@@ -241,9 +244,9 @@ def test_the_world_size_counts_only_where_the_trajectory_depends_on_it(tmp_path)
     data.write_bytes(b"0123")
     on = [local_facts(["cpu"], "fp32", world, cpu=lambda: "AMD EPYC (AVX512)") for world in (2, 3)]
     cfg = Config()
-    two, three = (run_identity(cfg, ddp.FACTS, w, data, hw) for w, hw in zip((2, 3), on))
+    two, three = (run_identity(resolve_run(cfg, "ddp"), w, data, hw) for w, hw in zip((2, 3), on))
     assert two.key == three.key and two.world_size is None
     cfg.ddp.sync_bn = False
-    two, three = (run_identity(cfg, ddp.FACTS, w, data, hw) for w, hw in zip((2, 3), on))
+    two, three = (run_identity(resolve_run(cfg, "ddp"), w, data, hw) for w, hw in zip((2, 3), on))
     assert two.key != three.key
     assert "written by 2 process(es), this run has 3" in three.difference(two.to_record())

@@ -53,13 +53,13 @@ def test_clock(seconds, text):
 
 def test_the_log_line_names_epoch_step_loss_rate_eta_and_each_devices_memory():
     gpus = [DevicePeak("gpu_3", 1234.4, 2048.0), DevicePeak("gpu_5", 1198.0, 1500.0)]
-    line = live.progress_line("dp", 2, 10, 80, 234, 0.53214, 5120.4, 95.0, gpus)
+    line = live.progress_line("dp", 2, 10, 80, 234, live.Reading(0.53214, 5120.4, 95.0, gpus))
     assert line == (
         "train[dp] epoch 2/10 step 80/234: loss 0.5321 5120 samples/s ETA 1:35 "
         "memory gpu_3 1234 MiB gpu_5 1198 MiB"
     )
     cpu = [DevicePeak("cpu_0", 312.2, None)]
-    assert live.progress_line("single", 1, 1, 1, 5, None, None, None, cpu).endswith(
+    assert live.progress_line("single", 1, 1, 1, 5, live.Reading(None, None, None, cpu)).endswith(
         "loss ? ? samples/s ETA ? memory cpu_0 312 MiB RSS"
     )
 

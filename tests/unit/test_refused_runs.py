@@ -19,6 +19,7 @@ from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RUN_RECORD
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, new_record
 from pipeline.training import session
 from pipeline.training.launcher import settle_run
+from pipeline.training.run_spec import resolve_run
 from support import empty_store
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
@@ -69,7 +70,7 @@ def test_bad_input_found_mid_run_leaves_the_run_failed(store, raw_dataset, monke
     sigterm = signal.getsignal(signal.SIGTERM)  # the session installs its own
     try:
         with pytest.raises(UserError, match="found mid-run"):
-            session.run(load_config(None, TINY), "single", CPU)
+            session.run(resolve_run(load_config(None, TINY), "single"), CPU)
     finally:
         signal.signal(signal.SIGTERM, sigterm)
     assert statuses(store) == [FAILED]

@@ -21,13 +21,14 @@ from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
 from pipeline.results import NO_STEADY
-from pipeline.strategies import single
 from pipeline.training import session
 from pipeline.training.build import build_training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import CheckpointPolicy
 from pipeline.training.identity import RunIdentity
+from pipeline.training.loop import Trainer
 from pipeline.training.recorder import RunRecorder
+from pipeline.training.run_spec import resolve_run
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -77,20 +78,19 @@ def process(data, directory, stop_before, monkeypatch):
     monkeypatch.setattr(session, "time", clock)
     cfg = Config()
     cfg.model.width, cfg.train.batch_size, cfg.train.epochs = 4, 16, 1
-    plan = session.job_plan(cfg.train, single.FACTS, len(data.train_labels), 1)
-    training = build_training(cfg, single.SPEC, CPU, data, plan)
+    spec = resolve_run(cfg, "single")
+    plan = spec.job_plan(1, len(data.train_labels))
+    training = build_training(spec, CPU, data, plan)
     # the recorder of a rank that writes no results/ and keeps no MLflow run
     training = replace(training, run=replace(training.run, writer=False))
-    policy = CheckpointPolicy(cfg.checkpoint, 1, directory, IDENTITY, CPU, True, None)
+    policy = CheckpointPolicy(cfg.checkpoint, 1, directory, IDENTITY, CPU, True)
     lines: list[str] = []
     progress = policy.resume(training, lines.append)
     start = replace(progress, history=list(progress.history), notes=list(progress.notes))
-    fresh = progress.position == Position(0, 0)
-    recorder = RunRecorder(
-        cfg, "single", CPU, training, IDENTITY.key, progress.history, fresh, progress.notes
-    )
+    recorder = RunRecorder(spec, CPU, training, IDENTITY.key, progress)
     stop = StopBefore(stop_before, clock)
-    summary = session.train_epochs(cfg, training, data, CPU, policy, progress, recorder, stop, None)
+    trainer = Trainer(training, CPU, stop)
+    summary = session.train_epochs(session.Session(trainer, spec, data, policy, recorder), progress)
     return start, summary, lines
 
 

@@ -23,6 +23,7 @@ from pipeline.data.idx import write_idx_gz
 from pipeline.data.loaders import (
     DataLoaderBatches,
     DeviceBatches,
+    Feed,
     augment_plan,
     crop_flip,
     make_batches,
@@ -53,9 +54,8 @@ def batches_for(cfg: Config, data, rank: int, world: int, channels_last: bool, *
     """The loader a rank of `world` data-parallel ranks trains from."""
     plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
     plan = plan.over(world, "test").drawing_from(len(data.train_labels))
-    return make_batches(
-        data, cfg.data, cfg.seed, plan, rank, torch.float32, channels_last, CPU, *raw_dir
-    )
+    feed = Feed(plan, rank, torch.float32, channels_last, CPU)
+    return make_batches(data, cfg.data, cfg.seed, feed, *raw_dir)
 
 
 # --- augmentation -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pipeline.tracking.publish import publish_strategy
 def tracker(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracker = Tracker(
-        tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f", fresh=True
+        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=True
     )
     tracker.publish([])
     return tracker
@@ -66,7 +66,7 @@ def test_statuses_follow_the_stage_and_a_resumed_run_runs_again(tracker, tmp_pat
     tracker.publish([epoch(1)], status="KILLED")  # SIGTERM: checkpointed, to be resumed
     assert client.get_run(tracker.run_id).info.status == "KILLED"
     resumed = Tracker(
-        tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f", fresh=False
+        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=False
     )
     resumed.publish([epoch(1)])
     assert resumed.run_id == tracker.run_id
@@ -81,7 +81,7 @@ def test_a_fresh_start_of_the_same_identity_gets_a_run_of_its_own(tracker, tmp_p
     client = MlflowClient()
     tracker.publish([epoch(1), epoch(2)], status="FINISHED")
     again = Tracker(
-        tmp_path / "run.json", "tests", "run", {}, {"lr": 0.1}, fingerprint="f", fresh=True
+        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=True
     )
     again.publish([epoch(1)])
     assert again.run_id != tracker.run_id
@@ -166,7 +166,7 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
     assert tags["mlflow.parentRunId"] == parents[0]
     # a new run of the strategy: a new comparison, and the old parent, now empty, goes
     newer = Tracker(
-        tmp_path / "run2.json", "tests", "run", {}, {"lr": 0.2}, fingerprint="g", fresh=True
+        tmp_path / "run2.json", new_record("g", "tests", "run", {}, {"lr": 0.2}), fresh=True
     )
     newer.publish([])
     newer_comparison = open_comparison("tests", [newer.run_id], {}, {})

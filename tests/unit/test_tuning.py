@@ -17,14 +17,13 @@ from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
-from pipeline.strategies import balanced_dp
 from pipeline.strategies.base import Tuned
 from pipeline.strategies.gpu0_autotune import CHOSEN_KEY
 from pipeline.training.build import build_training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import TUNED, CheckpointPolicy
 from pipeline.training.identity import RunIdentity
-from pipeline.training.session import job_plan
+from pipeline.training.run_spec import resolve_run
 from pipeline.training.tuning import settle
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
@@ -48,15 +47,16 @@ class Start:
         cfg.model.width, cfg.train.batch_size = 4, 16
         cfg.balanced_dp.gpu0_bsz = "auto"
         ctx = replace(CPU, restart=restart)
-        plan = job_plan(cfg.train, balanced_dp.FACTS, len(data.train_labels), 1)
-        built = build_training(cfg, balanced_dp.SPEC, ctx, data, plan)
+        spec = resolve_run(cfg, "balanced_dp")
+        plan = spec.job_plan(1, len(data.train_labels))
+        built = build_training(spec, ctx, data, plan)
         real = built.run.tuned
         assert real is not None
         self.measured = 0
         built = replace(
             built, run=replace(built.run, tuned=Tuned(real.key, self.fake, real.settle))
         )
-        self.policy = CheckpointPolicy(cfg.checkpoint, 2, directory, identity, ctx, True, None)
+        self.policy = CheckpointPolicy(cfg.checkpoint, 2, directory, identity, ctx, True)
         self.lines: list[str] = []
         self.progress = self.policy.resume(built, self.lines.append)
         self.training = settle(

@@ -1,0 +1,86 @@
+"""A strategy's run, resolved from the Config once, at the command's boundary (the launcher,
+the worker's `train`): the strategy's spec, its own params section, the sections the run
+reads, the batch plan and the params it records. Below this point nothing takes the whole
+Config, nor looks a section up by name: a run sees only what it runs with.
+
+The launcher and every worker each resolve their own (they are separate processes) with
+this one function, `resolve_run`, so the batch plan is built in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic
+
+import yaml
+
+from pipeline import strategies
+from pipeline.batch_plan import BatchPlan
+from pipeline.config import (
+    CheckpointConfig,
+    Config,
+    DataConfig,
+    MlflowConfig,
+    ModelConfig,
+    ReportConfig,
+    TrainConfig,
+    flatten,
+    to_yaml,
+)
+from pipeline.strategies.base import OptionsT, StrategyFacts, StrategySpec
+
+
+@dataclass(frozen=True)
+class RunSpec(Generic[OptionsT]):
+    strategy: StrategySpec[OptionsT]
+    options: OptionsT  # the strategy's own params section
+    seed: int
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    report: ReportConfig
+    mlflow: MlflowConfig
+    # the batch as one process trains it (train.batch_size, train.grad_accum), checked
+    plan: BatchPlan
+    # what the run records it ran with: every key but the other strategies' sections,
+    # flattened (MLflow params, the identity's source) and as YAML (results/<name>/config.yaml)
+    params: dict[str, Any]
+    config_yaml: str
+
+    @property
+    def name(self) -> str:
+        return self.strategy.facts.name
+
+    @property
+    def facts(self) -> StrategyFacts[OptionsT]:
+        return self.strategy.facts
+
+    def job_plan(self, world_size: int, n_train: int) -> BatchPlan:
+        """The batch plan of a job of `world_size` processes drawing from `n_train` samples."""
+        plan = self.plan.of_job(self.facts.data_parallel, world_size, self.name)
+        return plan.drawing_from(n_train)
+
+
+def resolve_run(cfg: Config, name: str) -> RunSpec[Any]:
+    """The run of strategy `name` that `cfg` asks for; a UserError if its batch does not fit."""
+    strategy = strategies.get(name)
+    options = getattr(cfg, name)  # the one look-up by name: checked against the spec here
+    if not isinstance(options, strategy.facts.options):
+        raise TypeError(f"params section {name!r} is not a {strategy.facts.options.__name__}")
+    # what --print-config prints (pipeline/train.py strategy_config)
+    own = strategies.own_params(yaml.safe_load(to_yaml(cfg)), name)
+    return RunSpec(
+        strategy=strategy,
+        options=options,
+        seed=cfg.seed,
+        data=cfg.data,
+        model=cfg.model,
+        train=cfg.train,
+        checkpoint=cfg.checkpoint,
+        report=cfg.report,
+        mlflow=cfg.mlflow,
+        plan=BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum),
+        params=strategies.own_params(flatten(cfg), name),
+        config_yaml=yaml.safe_dump(own, sort_keys=False),
+    )

@@ -1,0 +1,1 @@
+../../../pipeline/training/run_spec.py
