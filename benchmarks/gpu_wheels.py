@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # from their requirements.
 ROOTS = (
     "mlflow-skinny",  # the MLflow client and store; `mlflow` itself adds only the server and UI
-    "omegaconf",  # params.yaml and key=value overrides (pipeline/config.py)
+    "omegaconf",  # params.yaml and key=value overrides (pipeline/config/load.py)
     "pyyaml",
     "psutil",  # memory peaks and MLflow's system metrics
     "tqdm",  # the live progress bar

@@ -3,8 +3,8 @@
 `--help` prints what the command does and exits; `--params SECTION` prints the keys of one
 params.yaml section and exits. Both show each key with the value the command would run with
 (params.yaml and the key=value overrides given beside them), the schema's default where that
-differs, and its meaning (pipeline/config.py's docstrings). Anything the parser refuses is a
-`UserError` (one line, exit code 2), like any other bad input.
+differs, and its meaning (pipeline/config/schema.py's docstrings). Anything the parser
+refuses is a `UserError` (one line, exit code 2), like any other bad input.
 """
 
 from __future__ import annotations

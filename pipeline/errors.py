@@ -47,7 +47,7 @@ class UserError(Exception):
     """Bad input: the message names the key or file and what was expected."""
 
 
-# Everything the user can fix: bad params (found by pipeline/config.py, which imports nothing
+# Everything the user can fix: bad params (found by pipeline/config/, which imports nothing
 # from the project) and every other bad input.
 BAD_INPUT = (UserError, ConfigError)
 

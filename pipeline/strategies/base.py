@@ -50,7 +50,7 @@ OptionsT = TypeVar("OptionsT")  # a strategy's options: the dataclass of its par
 @dataclass(frozen=True)
 class StrategyFacts(Generic[OptionsT]):
     name: str  # the strategy's name, its module's and its params section's
-    options: type[OptionsT]  # the dataclass of its params section (pipeline/config.py)
+    options: type[OptionsT]  # the dataclass of its params section (pipeline/config/schema.py)
     # its world is processes per node x nodes (else it runs on one node)
     spans_nodes: bool
     # each rank trains a share of every micro-batch: the plan's data_world is the world size

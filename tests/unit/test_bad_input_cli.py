@@ -112,7 +112,7 @@ def test_refused_with_one_line(project, args, env, words):
 
 
 # key=value overrides of `python -m pipeline.train single` that no run could take, each
-# refused by name before torch loads (pipeline/config.py's ranges, omegaconf's types)
+# refused by name before torch loads (pipeline/config/'s ranges, omegaconf's types)
 OVERRIDES = [
     # torch's seed is 64 bits and a negative one wraps; the data order's seed*1000003+epoch
     # must fit too: 0 to 2**32-1 (config.SEED_MAX)

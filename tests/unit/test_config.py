@@ -128,8 +128,8 @@ def test_bad_input_is_one_clear_line(tmp_path, params, overrides, words):
         assert word in message, message
 
 
-# Rules that need another layer's knowledge are that layer's (config.py imports nothing from
-# the project), checked where a command uses the key: the same one line, exit code 2.
+# Rules that need another layer's knowledge are that layer's (pipeline/config/ imports nothing
+# else of the project), checked where a command uses the key: the same one line, exit code 2.
 OWNED_ELSEWHERE = [
     (lambda: BatchPlan.make(10, 3), ["train.batch_size: got 10", "train.grad_accum (3)"]),
     (lambda: BatchPlan.make(32, 1).over(3, "ddp"), ["ddp needs", "= 3 x 1"]),

@@ -108,7 +108,7 @@ def test_the_identity_covers_the_code_this_process_imported(tmp_path):
 
     code = code_digests()
     assert "pipeline/strategies/ddp.py" in code and "pipeline/training/loop.py" in code
-    assert "pipeline/config.py" in code and "pipeline/memory.py" in code
+    assert "pipeline/config/schema.py" in code and "pipeline/memory.py" in code
     assert not any(k.startswith("pipeline/tracking/") for k in code)
     data = tmp_path / "tensors.pt"
     data.write_bytes(b"0123")
