@@ -3,9 +3,9 @@
 Commands (one module each, thin: arguments in, the work done by the subpackages):
     fetch.py, train.py, compare.py     the DVC stages (dvc.yaml)
     publish.py                         push locally kept runs to MLflow after an outage
-    compare_experiments.py             one table across DVC experiments
+    experiments.py                     one table across DVC experiments
 
-    config.py    params.yaml's schema         results.py   results/<strategy>/: EpochRow, RunSummary
+    config/      params.yaml's schema         results.py   results/<strategy>/: EpochRow, RunSummary
     cli.py       the shared command line      files.py     atomic writes
     errors.py    UserError: one line, exit 2
 
@@ -15,7 +15,8 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
                  checkpoints, memory, faults (hooks), devices, topology
     strategies/  one module per strategy (single, dp, balanced_dp, ddp, fsdp,
                  pipeline_parallel) and the helpers only strategies use
-    tracking/    the MLflow run (Tracker), system metrics, provenance tags, the comparison run
-    reporting/   the answer (which strategy per objective), the comparison table, plots,
-                 pages, the experiments table
+    tracking/    the MLflow run (Tracker), the runs kept locally (kept_runs), system metrics,
+                 provenance tags, the comparison run (comparison_run)
+    reporting/   the compare stage's report (report.py: the answer, which strategy per
+                 objective; the table, plots, pages) and the experiments table
 """

@@ -18,7 +18,7 @@ from typing import Optional
 from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
-from pipeline.reporting.compare import compare
+from pipeline.reporting.report import write_report
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     # as train and publish do: a URI that can never work is bad input, not an outage whose
     # report would quietly lose its MLflow links
     check_tracking_uri(tracking_uri())
-    print(compare(cfg.strategies, cfg.report, cfg.mlflow), end="")
+    print(write_report(cfg.strategies, cfg.report, cfg.mlflow), end="")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from pipeline.reporting.table import BASELINE, Row, features_text
 from pipeline.results import WARMUP_STANDS_IN
-from pipeline.tracking.comparison import RECOMMENDED, Registration
+from pipeline.tracking.comparison_run import RECOMMENDED, Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
 # measured here for dp against single

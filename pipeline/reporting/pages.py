@@ -10,11 +10,11 @@ import base64
 import html
 from pathlib import Path
 
-from pipeline.reporting import answer, devices, table
+from pipeline.reporting import answer, device_table, table
 from pipeline.reporting.plots import PLOTS
 from pipeline.reporting.table import Row
 from pipeline.results import NOT_SEPARABLE
-from pipeline.tracking.comparison import Comparison, Registration
+from pipeline.tracking.comparison_run import Comparison, Registration
 
 TITLE = "parallel-lab: which strategy for this hardware"
 
@@ -42,7 +42,7 @@ def markdown_page(
         table.markdown_table(rows, target),
         _legend(rows, target) + "\n",
         "## Memory per device\n",
-        devices.markdown_table(rows),
+        device_table.markdown_table(rows),
         _memory_legend(rows) + "\n",
     ]
     parts += [f"![{name}]({name})\n" for name in PLOTS]
@@ -104,7 +104,7 @@ section.answer code {{ background: #e8eef6; padding: 0 3px; border-radius: 3px; 
 {table.html_table(rows, target)}
 <p class="legend">{html.escape(_legend(rows, target))}</p>
 <h2>Memory per device</h2>
-{devices.html_table(rows)}
+{device_table.html_table(rows)}
 <p class="legend">{html.escape(_memory_legend(rows))}</p>
 {images}
 <h2>Notes</h2><ul>{notes}</ul>

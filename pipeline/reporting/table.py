@@ -7,9 +7,9 @@ ones stand in, their cells marked "(warm-up)"; a run left without any has empty 
 and its `speed_note` among the notes, which say why. Speedup and accuracy deltas are against
 `single` when it ran; scaling efficiency is speedup / devices. Memory: the main table shows
 the busiest device's training peak; every device's training and evaluation peaks are the
-per-device table's (devices.py). Each row also carries how much its memory figures moved from
-epoch to epoch (summary.json's peak_memory_spread_mib, mem_imbalance_spread: pipeline.memory
-`spreads`), which the answer's memory rankings take as their noise.
+per-device table's (device_table.py). Each row also carries how much its memory figures moved
+from epoch to epoch (summary.json's peak_memory_spread_mib, mem_imbalance_spread:
+pipeline.memory `spreads`), which the answer's memory rankings take as their noise.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def comparison_rows(
                 # share of the peak memory ("gpu0_share", or "cpu0_share" on the CPU), of the
                 # training steps; the same of evaluation prefixed "eval_"
                 **r.memory,
-                "mlflow_run_id": None,  # the compare stage looks it up (tracking/publish.py)
+                "mlflow_run_id": None,  # the compare stage looks it up (tracking/kept_runs.py)
                 "notes": [*r.notes, *([f"speed: {r.speed_note}"] if r.speed_note else [])],
             }
         )
@@ -181,7 +181,7 @@ def _busiest_cell(v: Any, row: dict[str, Any]) -> str:
 def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Cell]]:
     """(row key, header, cell text) for every column of the main table: one row per strategy,
     a bounded number of columns whatever the devices (each device's memory is the per-device
-    table's, reporting/devices.py)."""
+    table's, reporting/device_table.py)."""
     peak = (
         "peak MiB (busiest GPU)" if memory_kind == "gpu" else "peak RSS MiB (busiest process, CPU)"
     )

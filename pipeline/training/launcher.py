@@ -39,8 +39,8 @@ from pipeline.errors import (
 )
 from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_record
 from pipeline.timeline import mark
+from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
-from pipeline.tracking.publish import publish_strategy
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 from pipeline.training import worker
 from pipeline.training.checkpoint import Checkpointer

@@ -20,8 +20,8 @@ from PIL import Image
 from pipeline import strategies
 from pipeline.reporting import table
 from pipeline.reporting.answer import OBJECTIVE_ALIASES as ALIASES
-from pipeline.reporting.compare import CHILD_METRICS
 from pipeline.reporting.plots import PLOTS
+from pipeline.reporting.report import CHILD_METRICS
 from support import IMAGE, LEARNED, dvc
 from support import run as run_in
 

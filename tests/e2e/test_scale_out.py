@@ -320,7 +320,7 @@ def test_a_queued_sweep_runs_and_compares_across_experiments(tmp_path, http_mirr
     experiments = [e for b in shown for e in (b.get("experiments") or [])]
     assert len(experiments) == 2
     assert all(e["executor"] is None or e["executor"]["state"] == "success" for e in experiments)
-    out = run(project, "python", "-m", "pipeline.compare_experiments", timeout=300)
+    out = run(project, "python", "-m", "pipeline.experiments", timeout=300)
     table = (project / "reports/experiments.md").read_text()
     assert table == out.stdout
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]

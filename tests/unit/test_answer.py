@@ -10,7 +10,7 @@ from pipeline.reporting import answer, table
 from pipeline.reporting.pages import html_page, markdown_page
 from pipeline.reporting.plots import PLOTS
 from pipeline.results import EpochRow, RunSummary
-from pipeline.tracking.comparison import Registration
+from pipeline.tracking.comparison_run import Registration
 from support import run_summary
 
 TARGET = 0.85
@@ -364,8 +364,8 @@ def test_a_run_without_a_steady_epoch_is_not_ranked_on_speed_and_says_why(tmp_pa
     from dataclasses import replace
 
     from pipeline import results
-    from pipeline.reporting.compare import child_metrics, child_tags
     from pipeline.reporting.plots import plot_throughput
+    from pipeline.reporting.report import child_metrics, child_tags
 
     split = history([0.9], [4.0])
     split = [replace(split[0], warmup=True, resumed_at_step=13)]

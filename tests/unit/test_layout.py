@@ -35,7 +35,7 @@ COMMANDS = [
     "pipeline.train",
     "pipeline.compare",
     "pipeline.publish",
-    "pipeline.compare_experiments",
+    "pipeline.experiments",
     "pipeline.quickstart",
     "pipeline.stage_code",
 ]
@@ -265,6 +265,16 @@ def test_config_is_a_leaf():
         if name != "pipeline.config" and not name.startswith("pipeline.config.")
     }
     assert outside == set()
+
+
+def test_no_two_modules_share_a_name():
+    """One name per concept (CONTRIBUTING.md): a module's name says its one job, so no name is
+    used twice anywhere in the package, a command's included."""
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -12,9 +12,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from pipeline.reporting import answer
-from pipeline.reporting.compare import register
+from pipeline.reporting.report import register
 from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
-from pipeline.tracking.comparison import register_model, seed_accuracies
+from pipeline.tracking.comparison_run import register_model, seed_accuracies
 from pipeline.tracking.mlflow_run import MODEL_NAME, Tracker, new_record, tensor_signature
 from pipeline.training.final_model import input_example, model_source, plain_model
 from pipeline.training.model import build_model

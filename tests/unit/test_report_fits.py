@@ -14,13 +14,13 @@ import pytest
 
 from pipeline import results
 from pipeline.config import MlflowConfig, ReportConfig
-from pipeline.reporting import answer, devices, table
-from pipeline.reporting.compare import compare
+from pipeline.reporting import answer, device_table, table
 from pipeline.reporting.pages import html_page
 from pipeline.reporting.plots import PLOTS
+from pipeline.reporting.report import write_report
 from pipeline.results import EpochRow, RunSummary
 from pipeline.strategies import NAMES
-from pipeline.tracking.comparison import RECOMMENDED, Registration
+from pipeline.tracking.comparison_run import RECOMMENDED, Registration
 from support import empty_store, run_summary
 
 TARGET = 0.85
@@ -114,11 +114,11 @@ def test_the_main_table_has_ten_columns_whatever_the_devices():
 
 def test_each_device_is_a_row_of_the_memory_table():
     for nodes in (1, 2):
-        head, body = devices.cells(rows(nodes))
+        head, body = device_table.cells(rows(nodes))
         assert len(head) == 7 and {len(line) for line in body} == {7}
         assert len(body) == sum(n for n, *_ in LAYOUT.values())  # 41 devices in all
         assert max(len(c) for line in body for c in line) <= len("pipeline_parallel")
-    head, body = devices.cells(rows(nodes=2))
+    head, body = device_table.cells(rows(nodes=2))
     ddp = body[17:25]  # single's 1 row, dp's and balanced_dp's 8 each, then ddp's 8
     assert [line[1] for line in ddp][:5] == [
         "node0_gpu_0",
@@ -159,7 +159,7 @@ def test_the_compare_stage_prints_short_lines_and_files_the_mlflow_link(tmp_path
     monkeypatch.chdir(tmp_path)
     empty_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    printed = compare(list(NAMES), ReportConfig(target_accuracy=TARGET), MlflowConfig())
+    printed = write_report(list(NAMES), ReportConfig(target_accuracy=TARGET), MlflowConfig())
     assert max(len(line) for line in printed.splitlines()) <= 120
     url = (tmp_path / "reports/mlflow_url.txt").read_text().strip()
     assert url.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[")

@@ -5,7 +5,7 @@ import pytest
 from pipeline import results
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import ConfigError, load_config
-from pipeline.reporting import devices, table
+from pipeline.reporting import device_table, table
 from pipeline.results import EpochRow, RunSummary
 from support import run_summary
 
@@ -205,7 +205,7 @@ def test_rows_compare_against_single():
     assert ddp["peak_memory_mib"] == {"gpu_0": 60.0, "gpu_1": 60.0}
     assert ddp["eval_peak_memory_mib"] == {"gpu_0": 15.0, "gpu_1": 15.0}
     # each device's training and evaluation peaks: the per-device table, a row per device
-    head, body = devices.cells([single, ddp])
+    head, body = device_table.cells([single, ddp])
     assert head == [
         "strategy",
         "GPU",
@@ -231,14 +231,14 @@ def test_rows_without_single_say_so_instead_of_inventing_a_baseline():
     text = table.markdown_table([row], 0.9)
     assert "training peak RSS MiB (busiest process, CPU)" in text
     assert "| n/a | 0.8000 | not reached | 900 (cpu_0) |" in text
-    assert devices.cells([row]) == (
+    assert device_table.cells([row]) == (
         ["strategy", "process", "training peak RSS MiB", "eval peak RSS MiB", "training max/mean"],
         [["ddp", "cpu_0", "900", "n/a", "1.00"], ["", "cpu_1", "800", "n/a", ""]],
     )
     # a CPU run's evaluation has no peak of its own (pipeline.results.NOT_SEPARABLE)
     ddp.memory.update(eval_peak_memory_mib="not separable on CPU", eval_mem_imbalance=None)
     (row,) = table.comparison_rows([ddp], {"ddp": history([0.5], [4.0])}, 0.9)
-    assert [line[3] for line in devices.cells([row])[1]] == ["not separable on CPU"] * 2
+    assert [line[3] for line in device_table.cells([row])[1]] == ["not separable on CPU"] * 2
 
 
 def test_target_accuracy_is_a_fraction():

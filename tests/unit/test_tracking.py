@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.errors import UserError
 from pipeline.results import EpochRow
+from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import Tracker, new_record
-from pipeline.tracking.publish import publish_strategy
 
 
 @pytest.fixture
@@ -153,7 +153,7 @@ def test_another_store_gets_the_whole_run_from_disk(tracker, tmp_path, monkeypat
 
 
 def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
-    from pipeline.tracking.comparison import close_comparison, open_comparison
+    from pipeline.tracking.comparison_run import close_comparison, open_comparison
 
     client = MlflowClient()
     children = [tracker.run_id]

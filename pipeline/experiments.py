@@ -1,9 +1,10 @@
-"""Compare DVC experiments, not only the strategies of one run: one row per experiment x
-strategy, with the params that tell the experiments apart and the strategy's final figures.
+"""The DVC experiments side by side, not only the strategies of one run: one row per
+experiment x strategy, with the params that tell the experiments apart and the strategy's final
+figures.
 
     dvc exp run --queue -S train.batch_size=256,512 -S train.lr=0.1,0.2   # a 2 x 2 grid
     dvc queue start                        # or, in the foreground: dvc exp run --run-all
-    python -m pipeline.compare_experiments # -> reports/experiments.md (and stdout)
+    python -m pipeline.experiments         # -> reports/experiments.md (and stdout)
 
 It reads `dvc exp show --json` (or a saved copy: --json FILE). Experiments without metrics
 (still queued, failed, or results/*/metrics.json kept out of git) are listed under the table.
@@ -18,14 +19,14 @@ from typing import Optional
 
 from pipeline.errors import UserError, exit_on_user_error
 from pipeline.files import atomic_write
-from pipeline.reporting.experiments import OUT, build_rows, exp_show, markdown
+from pipeline.reporting.experiment_table import OUT, build_rows, exp_show, markdown
 
 
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
     summary, _, details = (__doc__ or "").partition("\n\n")
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.compare_experiments",
+        prog="python -m pipeline.experiments",
         description=summary,
         epilog=details,
         formatter_class=argparse.RawDescriptionHelpFormatter,

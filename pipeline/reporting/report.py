@@ -4,7 +4,7 @@ recommended strategies' models registered in MLflow, under aliases.
 
 reports/:
   summary.md, index.html  the answer (answer.py), the table (table.py), the per-device memory
-                          table (devices.py) and the plots (plots.py; pages.py)
+                          table (device_table.py) and the plots (plots.py; pages.py)
   recommendation.json     the answer: one recommendation per objective, with its reasons
   summary.json            the DVC metrics: accuracy, samples/s, seconds, peak MiB by strategy
   comparison.json         every column, keyed by strategy
@@ -29,7 +29,7 @@ from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.reporting.table import Row
 from pipeline.results import read_history, read_summary
 from pipeline.strategies import NAMES, check_names
-from pipeline.tracking.comparison import (
+from pipeline.tracking.comparison_run import (
     RECOMMENDED,
     Registration,
     close_comparison,
@@ -38,8 +38,8 @@ from pipeline.tracking.comparison import (
     seed_accuracies,
     set_aliases,
 )
+from pipeline.tracking.kept_runs import current_run_id
 from pipeline.tracking.provenance import base_tags
-from pipeline.tracking.publish import current_run_id
 
 REPORTS = Path("reports")
 # the figures MLflow gets per strategy run, beside its per-epoch metrics
@@ -64,7 +64,7 @@ REPORT_FILES = (
 MLFLOW_URL = "mlflow_url.txt"
 
 
-def compare(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig) -> str:
+def write_report(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig) -> str:
     """Write reports/ for the strategies `names`, group their runs in MLflow and register the
     recommended strategies' models; returns what the stage prints: the answer and a table
     that fit a terminal (table.TEXT_WIDTH), and where the report and the MLflow page are."""

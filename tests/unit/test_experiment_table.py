@@ -1,6 +1,6 @@
 """The experiments table from the shape of `dvc exp show --json`."""
 
-from pipeline.reporting.experiments import build_rows, markdown
+from pipeline.reporting.experiment_table import build_rows, markdown
 
 
 def fake_show() -> list[dict]:

@@ -1,0 +1,1 @@
+../../../pipeline/reporting/device_table.py

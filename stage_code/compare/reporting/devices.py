@@ -1,1 +1,0 @@
-../../../pipeline/reporting/devices.py

@@ -1,0 +1,1 @@
+../../../pipeline/tracking/comparison_run.py

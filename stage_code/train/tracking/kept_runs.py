@@ -1,0 +1,1 @@
+../../../pipeline/tracking/kept_runs.py
