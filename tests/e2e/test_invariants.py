@@ -50,11 +50,11 @@ MEAN, STD = 0.2860, 0.3530
 # a training module's behaviour changed: the learning rate schedule returns half the rate
 OPTIM = "pipeline/training/optim.py"
 ORIGINAL, HALVED = (
-    """    if train.lr_schedule == "none":
-        return peak
+    """        if self.kind == "none":
+            return peak
 """,
-    """    if train.lr_schedule == "none":
-        return peak / 2
+    """        if self.kind == "none":
+            return peak / 2
 """,
 )
 
