@@ -76,11 +76,6 @@ class LrSchedule:
         return _cos_between(peak, end, (step - rise) / max(1, total - 1 - rise))
 
 
-def lr_at(train: TrainConfig, step: int, steps_per_epoch: int) -> float:
-    """Learning rate for global optimizer step `step` (`LrSchedule`, built for this one)."""
-    return LrSchedule.of(train, steps_per_epoch).at(step)
-
-
 def _cos_between(a: float, b: float, fraction: float) -> float:
     return b + (a - b) / 2.0 * (1.0 + math.cos(math.pi * min(fraction, 1.0)))
 

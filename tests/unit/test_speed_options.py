@@ -34,7 +34,7 @@ from pipeline.training import precision
 from pipeline.training.build import fit_to_strategy
 from pipeline.training.checkpoint import Checkpointer, Position, rng_state
 from pipeline.training.model import build_model
-from pipeline.training.optim import loss_function, lr_at, make_optimizer
+from pipeline.training.optim import LrSchedule, loss_function, make_optimizer
 from pipeline.training.precision import (
     auto_choice,
     build_precision,
@@ -507,6 +507,10 @@ def test_linear_lr_scaling_sets_the_schedules_peak():
         warmup_epochs=1.0,
     )
     assert lr_at(train, 9, 10) == pytest.approx(0.2)
+
+
+def lr_at(train: TrainConfig, step: int, steps_per_epoch: int) -> float:
+    return LrSchedule.of(train, steps_per_epoch).at(step)
 
 
 def test_label_smoothing_is_refused_where_the_schedule_owns_the_loss():
