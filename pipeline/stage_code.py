@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import sys
@@ -48,7 +49,8 @@ def module_file(module: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
-def runtime_imports(module: str) -> set[str]:
+@functools.cache  # each stage's closure walks the shared modules again
+def runtime_imports(module: str) -> frozenset[str]:
     """The modules of the project that importing `module` runs, its commands' imports inside
     functions included (not those under `if TYPE_CHECKING:`, which never run), their parent
     packages too."""
@@ -72,7 +74,7 @@ def runtime_imports(module: str) -> set[str]:
     for name in named:
         parts = name.split(".")
         found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-    return {m for m in found if m.split(".")[0] == PROJECT and module_file(m).exists()}
+    return frozenset(m for m in found if m.split(".")[0] == PROJECT and module_file(m).exists())
 
 
 def closure(roots: set[str]) -> set[str]:
