@@ -17,6 +17,7 @@ A checkpoint whose identity differs is not resumed; `difference` says in one lin
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import sys
@@ -190,6 +191,7 @@ def code_digests() -> dict[str, str]:
     return out
 
 
+@functools.cache  # the code a process runs is what it imported: a worker inherits them
 def source_digest(path: Path) -> str:
     """SHA-256 of the module's syntax tree without its string statements (docstrings of
     modules, classes, functions and dataclass fields): a change to a comment, a docstring or

@@ -21,6 +21,8 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from pipeline.training.devices import choose_devices, workers_can_fork
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.final_model import model_source
+from pipeline.training.identity import code_digests
 from pipeline.training.run_spec import resolve_run
 from pipeline.training.topology import (
     check_job,
@@ -63,6 +66,8 @@ START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
 # compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
 COMPILE_CACHE = Path(".cache/torch-compile")
+# what torchrun's agent handles (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def check_writable(directory: Path) -> None:
@@ -119,22 +124,11 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
             f"{topology.endpoint})"
         )
     print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp:
-        error_file, outcome_file = Path(tmp) / "error.txt", Path(tmp) / "outcome"
-        # The workers' environment is this process's: they are its children. "" hides every
-        # GPU: `devices: cpu` must mean the CPU even on a GPU machine.
-        os.environ.update(
-            {
-                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-                ERROR_FILE_ENV: str(error_file),
-                OUTCOME_FILE_ENV: str(outcome_file),
-            }
-        )
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        # a repeat run loads what an earlier one compiled instead of compiling again (issue
-        # 29), in a container too, where the repository is the mount that outlives it;
-        # where the user named a cache, theirs
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(COMPILE_CACHE.resolve()))
+    with (
+        tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
+        workers_environment(gpus, nproc, Path(tmp)) as (error_file, outcome_file),
+    ):
+        warm_up()
         mark("agent")  # validated, torch and the project imported
         start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":
@@ -161,6 +155,42 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
         else:
             print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
     return exit_code
+
+
+@contextmanager
+def workers_environment(gpus: list[str], nproc: int, tmp: Path) -> Iterator[tuple[Path, Path]]:
+    """This process's environment as the workers get it (they are its children), for the
+    launch only: the next launch in the same process (the quickstart's) starts from the
+    user's again. Yields the files a worker's user error and the run's outcome come back in."""
+    error_file, outcome_file = tmp / "error.txt", tmp / "outcome"
+    saved = dict(os.environ)
+    # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine
+    os.environ.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            ERROR_FILE_ENV: str(error_file),
+            OUTCOME_FILE_ENV: str(outcome_file),
+        }
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # a repeat run loads what an earlier one compiled instead of compiling again (issue 29),
+    # in a container too, where the repository is the mount that outlives it; where the user
+    # named a cache, theirs
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(COMPILE_CACHE.resolve()))
+    try:
+        yield error_file, outcome_file
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def warm_up() -> None:
+    """What every worker loads before its first step, loaded once here, before the fork, so
+    the workers inherit it instead of each loading its own: torch._dynamo (the optimizer's
+    first call imports it: half a second) and the digests of the run's code (identity.py)."""
+    import torch._dynamo  # noqa: F401
+
+    code_digests()
 
 
 def read_outcome(path: Path) -> Outcome | None:
@@ -236,6 +266,9 @@ def run_agent(
     for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(logger).setLevel(logging.CRITICAL)
     config = LaunchConfig(**settings, start_method=start_method)
+    # the agent's handlers (raise SignalException) outlive it: a process that goes on after
+    # the launch (the quickstart's) gets its own back
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:
         elastic_launch(config, worker.entry)(*args)
     except SignalException:
@@ -246,6 +279,9 @@ def run_agent(
         return failure.exitcode or FAILURE_EXIT, False, words
     except RendezvousError as err:
         return FAILURE_EXIT, False, f"rendezvous failed ({first_line(err)})"
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     return 0, False, ""
 
 

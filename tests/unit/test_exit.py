@@ -2,11 +2,19 @@
 (pipeline/training/launcher.py `stage_exit`, pipeline/training/worker.py)."""
 
 import itertools
+import os
 
 import pytest
 
-from pipeline.errors import FAILURE_EXIT, STOPPED_EXIT, USER_ERROR_EXIT, Outcome
-from pipeline.training.launcher import read_outcome, stage_exit
+from pipeline.errors import (
+    ERROR_FILE_ENV,
+    FAILURE_EXIT,
+    OUTCOME_FILE_ENV,
+    STOPPED_EXIT,
+    USER_ERROR_EXIT,
+    Outcome,
+)
+from pipeline.training.launcher import read_outcome, stage_exit, workers_environment
 from pipeline.training.worker import comm_threads
 
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
@@ -85,3 +93,23 @@ def test_closing_the_step_metrics_sends_what_is_queued_and_ends_its_thread(monke
     assert not thread.is_alive()
     assert sent == [(1, "step_train_loss"), (2, "step_train_loss"), (3, "step_train_loss")]
     assert steps.thread is None
+
+
+def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
+    """The workers' environment (their GPUs, threads, where a user error and the outcome come
+    back) is the launch's alone: the quickstart's next launch, in the same process, starts
+    from the user's. A thread count the user set stays theirs."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    before = dict(os.environ)
+    with workers_environment([], 2, tmp_path) as (error_file, outcome_file):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # devices: cpu hides every GPU
+        assert os.environ["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+        assert os.environ[ERROR_FILE_ENV] == str(error_file)
+        assert os.environ[OUTCOME_FILE_ENV] == str(outcome_file)
+    assert dict(os.environ) == before
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    with workers_environment(["1"], 1, tmp_path):
+        assert os.environ["OMP_NUM_THREADS"] == "3"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
