@@ -3,6 +3,7 @@ its last, against the training itself.
 
     python -m benchmarks.startup                         # single and 2-process ddp, 5 runs each
     python -m benchmarks.startup --runs 9 --strategies single ddp fsdp
+    python -m benchmarks.startup --quickstart 3          # and 3 whole quickstarts
 
 Each run is `python -m pipeline.train STRATEGY` on a tiny configuration (width 8, 512
 synthetic images, 2 epochs) in a throw-away project copy with an MLflow store that already
@@ -11,7 +12,9 @@ runs alternate between the two ways the launcher starts workers, forked (the def
 inherit its imports) and spawned (each imports torch and the project again: the fallback, and
 what a torchrun subprocess cost), so the two are compared in one sitting. The JSON
 (benchmarks/results/<machine>-startup-<date>.json unless --out) holds every run's marks and
-the median of each phase.
+the median of each phase. `--quickstart N` also times N whole `python -m pipeline.quickstart`
+runs on the 600 synthetic images, each from a new project state (no results, no MLflow store),
+as a user's first: the wall time and the seconds of each of its steps.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -86,10 +90,39 @@ def one_run(project: Path, strategy: str, start_method: str, timeline: Path) -> 
     return {phase: marks[b] - marks[a] for phase, a, b in PHASES}
 
 
+# the quickstart's last line: "quickstart: done in 41 s (fetch 0.3, single 5.1, ... s): ..."
+QUICK_STEPS = re.compile(r"quickstart: done in \d+ s \((.*?) s\)")
+
+
+def one_quickstart(project: Path) -> dict[str, float]:
+    """A whole quickstart as a user's first: no results, checkpoints or MLflow store yet. Its
+    wall time, and each step's seconds as it printed them."""
+    for name in ("results", "checkpoints", "reports", "mlflow.db"):
+        path = project / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.quickstart",
+        "data.limit_train=600",
+        "data.limit_test=300",
+    ]
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+    wall = time.time() - start
+    found = QUICK_STEPS.search(proc.stdout)
+    if proc.returncode != 0 or not found:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    steps = dict(step.rsplit(" ", 1) for step in found.group(1).split(", "))
+    return {"wall": wall, **{name: float(seconds) for name, seconds in steps.items()}}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--strategies", nargs="*", default=["single", "ddp"])
+    parser.add_argument("--quickstart", type=int, default=0, help="whole quickstarts to time")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
     label, info = machine(torch_device())
@@ -110,6 +143,10 @@ def main(argv: list[str] | None = None) -> dict:
                     print(
                         f"startup: {strategy} {start} run {i + 1}: fixed {fixed:.2f} s", flush=True
                     )
+        quickstarts = []
+        for i in range(args.quickstart):
+            quickstarts.append(one_quickstart(project))
+            print(f"startup: quickstart run {i + 1}: {quickstarts[-1]['wall']:.1f} s", flush=True)
     medians = {
         key: {phase: statistics.median(r[phase] for r in rows) for phase, _, _ in PHASES}
         for key, rows in runs.items()
@@ -126,6 +163,13 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "runs": runs,
     }
+    if quickstarts:
+        result["quickstart"] = {
+            "median_s": {
+                step: statistics.median(q[step] for q in quickstarts) for step in quickstarts[0]
+            },
+            "runs": quickstarts,
+        }
     out = args.out or REPO / "benchmarks" / "results" / f"{label}-startup-{result['date']}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result), flush=True)
@@ -145,6 +189,15 @@ def table(result: dict) -> str:
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     fixed = [f"**{result['median_fixed_s'][k]:.2f}**" for k in keys]
     lines.append("| **fixed cost (all but training)** | " + " | ".join(fixed) + " |")
+    if "quickstart" in result:
+        quick = result["quickstart"]
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in quick["median_s"].items() if k != "wall")
+        lines += [
+            "",
+            f"The whole quickstart (every strategy, the report, the MLflow runs; 600 images, "
+            f"a new MLflow store), median of {len(quick['runs'])}: "
+            f"**{quick['median_s']['wall']:.1f} s** ({steps} s).",
+        ]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any, Optional
 
 from pipeline.config import Config, ConfigError, describe, load_config
@@ -117,3 +118,16 @@ def parse_args(
     if strategy_names and "=" in args.strategy:
         parser.error(f"the first argument is the strategy, got {args.strategy!r}")
     return args
+
+
+def exit_code(main: Callable[[Optional[list[str]]], None], argv: Optional[list[str]]) -> int:
+    """Run a command's `main` in this process, as `python -m` would; its exit code (a
+    message given to SystemExit is printed, and the code is then 1, as Python does)."""
+    try:
+        main(argv)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr, flush=True)
+        return 1
+    return 0

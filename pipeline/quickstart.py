@@ -24,22 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Optional
 
-from pipeline.cli import parse_args
+from pipeline.cli import exit_code, parse_args
 from pipeline.config import load_config
 from pipeline.errors import STOPPED_EXIT, USER_ERROR_EXIT, UserError, exit_on_user_error
 from pipeline.strategies import check_names
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 Stage = Callable[[Optional[list[str]]], None]  # a stage module's main(argv)
-
-
-def exit_code(stage: Stage, argv: list[str]) -> int:
-    """Run a stage's `main` as its command would, in this process; its exit code."""
-    try:
-        stage(argv)
-    except SystemExit as stop:
-        return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-    return 0
 
 
 @exit_on_user_error
