@@ -44,7 +44,7 @@ from pipeline.timeline import mark
 from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
-from pipeline.training import worker
+from pipeline.training import one_node_rendezvous, worker
 from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.devices import choose_devices, workers_can_fork
 from pipeline.training.faults import ENV as FAULT_ENV
@@ -265,6 +265,7 @@ def run_agent(
     # the launcher the one line that matters.
     for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(logger).setLevel(logging.CRITICAL)
+    one_node_rendezvous.register()
     config = LaunchConfig(**settings, start_method=start_method)
     # the agent's handlers (raise SignalException) outlive it: a process that goes on after
     # the launch (the quickstart's) gets its own back

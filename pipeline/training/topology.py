@@ -29,6 +29,7 @@ from pipeline.errors import UserError
 from pipeline.strategies.base import StrategyFacts
 
 DEFAULT_RDZV_PORT = 29400  # torchrun's default for a c10d endpoint without a port
+ONE_NODE_BACKEND = "parallel-lab-one-node"  # one_node_rendezvous.py registers it
 
 ENV_NAMES = {  # dist.<field> -> environment variables, first set wins
     "nnodes": ("NNODES", "PET_NNODES"),
@@ -154,16 +155,17 @@ def check_job(facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: B
 
 
 def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[str, Any]:
-    """The elastic agent's settings (torch.distributed.launcher.api.LaunchConfig's fields),
-    as torchrun's command line would give them: one node is `--standalone` (a c10d rendezvous
-    on a free local port, a fresh run id), several meet at the endpoint under the job's id."""
-    common = {"nproc_per_node": nproc, "max_restarts": max_restarts, "rdzv_backend": "c10d"}
+    """The elastic agent's settings (torch.distributed.launcher.api.LaunchConfig's fields):
+    one node is `torchrun --standalone` with a rendezvous that has no other node to wait
+    for (one_node_rendezvous.py: a store on a free local port, a fresh run id); several meet
+    at the endpoint under the job's id, as `torchrun --rdzv-backend=c10d` would."""
+    common = {"nproc_per_node": nproc, "max_restarts": max_restarts}
     if not topology.multi_node:
         return {
             **common,
+            "rdzv_backend": ONE_NODE_BACKEND,
             "min_nodes": 1,
             "max_nodes": 1,
-            "rdzv_endpoint": "localhost:0",
             "run_id": str(uuid.uuid4()),
         }
     configs: dict[str, Any] = {"join_timeout": topology.join_timeout_s}
@@ -173,6 +175,7 @@ def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[s
         configs["is_host"] = topology.node_rank == 0
     return {
         **common,
+        "rdzv_backend": "c10d",
         "min_nodes": topology.min_nodes,
         "max_nodes": topology.max_nodes,
         "rdzv_endpoint": topology.endpoint,

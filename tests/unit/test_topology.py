@@ -10,6 +10,7 @@ from pipeline.config import DistConfig
 from pipeline.errors import UserError
 from pipeline.strategies.base import StrategyFacts
 from pipeline.training.topology import (
+    ONE_NODE_BACKEND,
     Topology,
     check_job,
     launch_settings,
@@ -34,10 +35,9 @@ def test_one_node_is_standalone():
     assert settings == {
         "nproc_per_node": 2,
         "max_restarts": 1,
-        "rdzv_backend": "c10d",
+        "rdzv_backend": ONE_NODE_BACKEND,  # a store on a free port (one_node_rendezvous.py)
         "min_nodes": 1,
         "max_nodes": 1,
-        "rdzv_endpoint": "localhost:0",  # a free port
     }
 
 
@@ -177,3 +177,38 @@ def test_lost_node_hint_says_where_a_rerun_resumes():
     assert "\n" not in hint and "resume from epoch 2 step 0" in hint
     assert "dist.join_timeout_s=20s" in hint
     assert "the start" in lost_node_hint("ddp", 1, two, None)
+
+
+def test_one_node_rendezvous_hosts_a_store_each_round_apart():
+    """What the agent gets from the one-node rendezvous: rank 0 of 1 at once, a store the
+    workers reach at the address it gives, and keys of each round (a restart) apart."""
+    from torch.distributed import PrefixStore, TCPStore
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousClosedError,
+        RendezvousParameters,
+        rendezvous_handler_registry,
+    )
+
+    from pipeline.training import one_node_rendezvous
+
+    one_node_rendezvous.register()
+    one_node_rendezvous.register()  # again: the quickstart launches once per strategy
+    params = RendezvousParameters(ONE_NODE_BACKEND, "", "job-1", 1, 1)
+    handler = rendezvous_handler_registry.create_handler(params)
+    assert (handler.get_run_id(), handler.use_agent_store) == ("job-1", True)
+    first = handler.next_rendezvous()
+    assert (first.rank, first.world_size, handler.num_nodes_waiting()) == (0, 1, 0)
+    where = first.bootstrap_store_info
+    # the store the agent hosts, reached as the workers reach it (worker.attempt_store)
+    worker = TCPStore(where.master_addr, where.master_port, is_master=False)
+    PrefixStore("job-1/1", worker).set("from-a-worker", "1")
+    assert first.store.get("from-a-worker") == b"1"
+    first.store.set("key", "round 1")
+    second = handler.next_rendezvous()
+    assert second.bootstrap_store_info.master_port == where.master_port  # one store
+    assert not second.store.check(["key"])  # a new round's keys start empty
+    assert first.store.get("key") == b"round 1"
+    handler.shutdown()
+    assert handler.is_closed()
+    with pytest.raises(RendezvousClosedError):
+        handler.next_rendezvous()

@@ -1,0 +1,1 @@
+../../../pipeline/training/one_node_rendezvous.py
