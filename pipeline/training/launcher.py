@@ -128,11 +128,11 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
         tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
         workers_environment(gpus, nproc, Path(tmp)) as (error_file, outcome_file),
     ):
-        warm_up()
-        mark("agent")  # validated, torch and the project imported
         start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":
             prepare_forks()
+            warm_up()
+        mark("agent")  # validated, torch and the project imported
         code, signalled, failure = run_agent(settings, start, (name, worker_cfg))
         user_error = error_file.read_text().strip() if error_file.exists() else ""
         outcome = read_outcome(outcome_file)
@@ -185,8 +185,8 @@ def workers_environment(gpus: list[str], nproc: int, tmp: Path) -> Iterator[tupl
 
 
 def warm_up() -> None:
-    """What every worker loads before its first step, loaded once here, before the fork, so
-    the workers inherit it instead of each loading its own: torch._dynamo (the optimizer's
+    """What every worker loads before its first step, loaded once here, before the workers
+    are forked, so they inherit it instead of each loading its own: torch._dynamo (the optimizer's
     first call imports it: half a second) and the digests of the run's code (identity.py)."""
     import torch._dynamo  # noqa: F401
 
