@@ -9,7 +9,7 @@ VENV_BIN := $(abspath $(VENV))/bin
 OUTSIDE_VENV_PATH := $(subst $(VENV_BIN):,,$(PATH))
 export PATH := $(VENV_BIN):$(PATH)
 
-.PHONY: help install quick run test test-fast lint gpu-check gpu-wheels need-DIR compose docker-quick ui lock docker-setup clean
+.PHONY: help install quick run test test-fast lint peer-install gpu-check gpu-wheels need-DIR compose docker-quick ui lock docker-setup clean
 .DEFAULT_GOAL := help
 
 help:  ## this list
@@ -107,6 +107,13 @@ lint: install  ## ruff (lint and format check) and mypy over the package and the
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+
+# The pyproject's `peer` extra (its pins read from there, the one list) into .venv, the lock
+# as constraints so no pinned package moves; requirements.lock never holds them
+peer-install: install  ## Lightning for benchmarks/peer.py (optional; the pipeline never needs it)
+	$(PY) -m pip install --quiet -c requirements.lock $(shell $(PY) -c 'import tomllib; \
+		print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"] \
+		["optional-dependencies"]["peer"]))')
 
 # gpu-check runs where GPU time is short and there may be no network: with the pinned
 # environment when it installs (one quick try), else with the machine's own python3 and torch

@@ -6,9 +6,9 @@
 A generated block is the text between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->` in
 README.md or docs/*.md; BLOCKS below says which file of benchmarks/results/ each NAME is
 rendered from. The numbers are never typed by hand: a new measurement is a new JSON, then one
-run of this command. The startup and stress-exit blocks take the newest
-`*-startup-*.json` / `*-stress-exit-*.json` (benchmarks/startup.py and stress_exit.py write
-them); while none is committed their blocks stay empty.
+run of this command. The startup, stress-exit and peer blocks take the newest
+`*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` (benchmarks/startup.py,
+stress_exit.py and peer.py write them); while none is committed their blocks stay empty.
 """
 
 from __future__ import annotations
@@ -276,6 +276,27 @@ def stress_exit_block(path: Path) -> list[str]:
     ]
 
 
+# ---- benchmarks/peer.py
+
+
+def peer_block(path: Path) -> list[str]:
+    from benchmarks.peer import table as peer_table
+
+    result = json.loads(path.read_text())
+    info, load = result["info"], result["load_average"]
+    return [
+        paragraph(
+            f"From {source(path)}: {info.get('gpu') or info['cpu']}, {info['cpu_cores']} "
+            f"cores, torch {info['torch']}, Lightning {info['lightning']}; medians of "
+            f"{result['settings']['runs']} runs of each, taking turns, batch "
+            f"{next(iter(result['settings']['sizes'].values()))['batch']}; 1-minute load "
+            f"average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after."
+        ),
+        "",
+        peer_table(result),
+    ]
+
+
 # ---- the blocks
 
 
@@ -306,6 +327,7 @@ BLOCKS = [
     Block("dp-batchnorm", batchnorm_block, file="dp-batchnorm-cpu2-real-sample-2026-11-23.json"),
     Block("startup", startup_block, newest="*-startup-*.json"),
     Block("stress-exit", stress_exit_block, newest="*-stress-exit-*.json"),
+    Block("peer", peer_block, newest="*-peer-*.json"),
 ]
 MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
 OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")

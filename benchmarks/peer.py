@@ -1,0 +1,203 @@
+"""A train stage against a peer framework: `python -m pipeline.train single` against a
+Lightning Trainer doing the same job on the same machine (issue 29: ours at most half the
+peer's wall time).
+
+    python -m benchmarks.peer                  # 3 runs of each, at each size in SIZES
+    python -m benchmarks.peer --runs 5 --sizes quickstart
+
+Lightning is an optional extra (`make peer-install`), never needed by the pipeline; without
+it this exits 2 saying so. In a throw-away project copy with synthetic Fashion-MNIST-shaped
+data (fetched once), each size runs our stage and benchmarks/lightning_peer.py (the same
+model, data, batch, lr, SGD, epochs and precision, with an MLflow logger to a SQLite store, a
+checkpoint and a validation every epoch) as whole processes, taking turns, the order swapped
+each round; one untimed run of each first creates the MLflow store's tables and warms the file
+cache. Each run's process wall time (the benchmark's own clock around the command), ours'
+training (metrics.json `total_seconds`: its epochs, evaluation included) and the peer's
+before and during training (its on_train_start and on_train_end marks). The JSON
+(benchmarks/results/<machine>-peer-<date>.json unless --out) holds every run, the medians, the
+ratio of the medians' walls ours/peer, the settings and the 1-minute load average before and
+after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+# name -> (model width, training images, test images, epochs, batch)
+SIZES = {
+    "quickstart": (8, 6000, 1000, 3, 256),  # `make quick`'s sizes
+    "one epoch": (8, 6000, 1000, 1, 256),  # the fixed cost weighs most
+}
+GOAL = 0.5  # issue 29: each train stage's wall at most half the peer's
+MISSING = "benchmarks.peer: lightning is not installed; run `make peer-install` (the peer extra)"
+
+
+def lightning_missing() -> bool:
+    try:
+        return importlib.util.find_spec("lightning") is None
+    except (ImportError, ValueError):  # a parent package hidden, or a module with no spec
+        return True
+
+
+def ours(project: Path, env: dict, size: tuple) -> dict[str, float]:
+    """Our train stage, as `dvc repro` runs it, with the size's overrides."""
+    width, _, _, epochs, batch = size
+    for name in ("results", "checkpoints"):
+        shutil.rmtree(project / name, ignore_errors=True)
+    overrides = [f"model.width={width}", f"train.epochs={epochs}", f"train.batch_size={batch}"]
+    wall = timed([sys.executable, "-m", "pipeline.train", "single", *overrides], project, env)
+    metrics = json.loads((project / "results" / "single" / "metrics.json").read_text())
+    return {"wall_s": wall, "train_s": metrics["total_seconds"], "test_acc": metrics["test_acc"]}
+
+
+def peer(project: Path, env: dict, size: tuple) -> dict[str, float]:
+    """The Lightning peer, its own process, started from the same clock."""
+    width, _, _, epochs, batch = size
+    shutil.rmtree(project / "peer", ignore_errors=True)
+    marks_file = project / "peer-marks.json"
+    marks_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.lightning_peer", "--width", str(width)]
+    cmd += ["--epochs", str(epochs), "--batch-size", str(batch), "--marks", str(marks_file)]
+    spawned = time.time()
+    wall = timed(cmd, project, env)
+    marks = json.loads(marks_file.read_text())
+    return {
+        "wall_s": wall,
+        "before_train_s": marks["train_start"] - spawned,
+        "train_s": marks["train_end"] - marks["train_start"],
+        "test_acc": marks["test_acc"],
+    }
+
+
+def timed(cmd: list[str], cwd: Path, env: dict) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def medians(rounds: list[dict]) -> dict:
+    """Each job's median of each figure over the rounds, and ours/peer of the median walls."""
+    out: dict = {
+        job: {key: statistics.median(r[job][key] for r in rounds) for key in rounds[0][job]}
+        for job in ("ours", "peer")
+    }
+    out["ratio_wall"] = out["ours"]["wall_s"] / out["peer"]["wall_s"]
+    return out
+
+
+def measure_size(size: tuple, runs: int, tmp: Path) -> list[dict]:
+    from benchmarks.e2e import project_copy
+    from pipeline.data.synthetic import write_synthetic
+
+    _, n_train, n_test, _, _ = size
+    mirror = tmp / "mirror"
+    shutil.rmtree(mirror, ignore_errors=True)
+    write_synthetic(mirror, n_train, n_test)
+    project = project_copy(tmp / "project", mirror)
+    # the peer is a module of benchmarks/, run from the copy like the stage
+    shutil.copytree(Path(__file__).parent, project / "benchmarks", ignore=ignored)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(project),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+    }
+    subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)
+    ours(project, env, size)  # untimed: the store's tables, the file cache
+    peer(project, env, size)
+    rounds = []
+    for i in range(runs):
+        jobs = [("ours", ours), ("peer", peer)]
+        row = {name: job(project, env, size) for name, job in jobs[:: 1 if i % 2 == 0 else -1]}
+        rounds.append(row)
+        print(
+            f"peer: run {i + 1}: ours {row['ours']['wall_s']:.1f} s, "
+            f"peer {row['peer']['wall_s']:.1f} s",
+            flush=True,
+        )
+    shutil.rmtree(project)
+    return rounds
+
+
+def ignored(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if n in ("__pycache__", "results")]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    if lightning_missing():
+        print(MISSING, file=sys.stderr)
+        sys.exit(2)
+    import lightning
+
+    from benchmarks.bench import REPO, machine
+    from benchmarks.e2e import torch_device
+
+    label, info = machine(torch_device())
+    load_before = os.getloadavg()
+    sizes = {}
+    with tempfile.TemporaryDirectory(prefix="parallel-lab-peer-") as tmp:
+        for name in args.sizes:
+            print(f"peer: {name}", flush=True)
+            rounds = measure_size(SIZES[name], args.runs, Path(tmp))
+            sizes[name] = {"runs": rounds, "median": medians(rounds)}
+    result = {
+        "machine": label,
+        "info": {**info, "lightning": lightning.__version__},
+        "date": date.today().isoformat(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "settings": {
+            "runs": args.runs,
+            "sizes": {
+                name: dict(zip(["width", "train", "test", "epochs", "batch"], SIZES[name]))
+                for name in args.sizes
+            },
+        },
+        "sizes": sizes,
+    }
+    out = args.out or REPO / "benchmarks" / "results" / f"{label}-peer-{result['date']}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result), flush=True)
+    print(f"peer: wrote {out}", flush=True)
+    return result
+
+
+def table(result: dict) -> str:
+    """One row per size: both process walls, their ratio against the goal, and where each
+    job's seconds went."""
+    lines = [
+        "| size | ours: wall s | ours: training s | peer: wall s | peer: before training s "
+        "| peer: training s | ours / peer (goal <= 0.5x) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, size in result["sizes"].items():
+        s, m = result["settings"]["sizes"][name], size["median"]
+        label = f"{name}: width {s['width']}, {s['train']} images, {s['epochs']} epochs"
+        verdict = "met" if m["ratio_wall"] <= GOAL else "missed"
+        lines.append(
+            f"| {label} | {m['ours']['wall_s']:.1f} | {m['ours']['train_s']:.1f} "
+            f"| {m['peer']['wall_s']:.1f} | {m['peer']['before_train_s']:.1f} "
+            f"| {m['peer']['train_s']:.1f} | {m['ratio_wall']:.2f}x ({verdict}) |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

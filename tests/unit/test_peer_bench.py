@@ -1,0 +1,102 @@
+"""benchmarks/peer.py, the Lightning peer row: its medians and table from a tiny result, the
+exit when Lightning is missing (no Lightning needed), and the peer script itself where the
+`peer` extra is installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.peer import medians, table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(ours_wall: float, peer_wall: float) -> dict:
+    return {
+        "ours": {"wall_s": ours_wall, "train_s": ours_wall / 2, "test_acc": 0.5},
+        "peer": {
+            "wall_s": peer_wall,
+            "before_train_s": 5.0,
+            "train_s": peer_wall - 5,
+            "test_acc": 0.5,
+        },
+    }
+
+
+def test_medians_and_the_ratio_of_the_median_walls():
+    m = medians([run(10, 40), run(30, 20), run(20, 30)])
+    assert m["ours"]["wall_s"] == 20 and m["ours"]["train_s"] == 10
+    assert m["peer"]["wall_s"] == 30 and m["peer"]["before_train_s"] == 5
+    assert m["ratio_wall"] == pytest.approx(20 / 30)
+
+
+def test_table_rows_against_the_goal():
+    sizes = {"quickstart": run(10, 40), "one epoch": run(8, 10)}
+    result = {
+        "settings": {
+            "sizes": {
+                name: {"width": 8, "train": 6000, "test": 1000, "epochs": 3, "batch": 256}
+                for name in sizes
+            }
+        },
+        "sizes": {name: {"median": medians([r])} for name, r in sizes.items()},
+    }
+    lines = table(result).splitlines()
+    assert len(lines) == 4
+    assert lines[2] == (
+        "| quickstart: width 8, 6000 images, 3 epochs | 10.0 | 5.0 | 40.0 | 5.0 | 35.0 "
+        "| 0.25x (met) |"
+    )
+    assert lines[3].endswith("| 0.80x (missed) |")
+
+
+def test_without_lightning_it_exits_2_naming_the_make_target():
+    hidden = (
+        "import runpy, sys; sys.modules['lightning'] = None; "
+        "runpy.run_module('benchmarks.peer', run_name='__main__', alter_sys=True)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", hidden], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "benchmarks.peer: lightning is not installed; run `make peer-install` (the peer extra)"
+    ]
+
+
+def test_the_peer_trains_logs_checkpoints_and_marks(tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    import torch
+
+    from benchmarks import lightning_peer
+    from pipeline.data.synthetic import synthetic_split
+
+    tensors = {}
+    for split, n, seed in (("train", 256, 1), ("test", 128, 2)):
+        images, labels = synthetic_split(n, seed)
+        tensors[f"{split}_images"] = torch.from_numpy(images)
+        tensors[f"{split}_labels"] = torch.from_numpy(labels)
+    (tmp_path / "data" / "fashion-mnist").mkdir(parents=True)
+    torch.save(tensors, tmp_path / "data" / "fashion-mnist" / "tensors.pt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    marks = tmp_path / "marks.json"
+    argv = ["--width", "4", "--epochs", "2", "--batch-size", "64", "--marks", str(marks)]
+    result = lightning_peer.main([*argv, "--out", str(tmp_path / "peer")])
+
+    assert json.loads(marks.read_text()) == result
+    assert result["train_start"] < result["train_end"]
+    assert 0.0 <= result["test_acc"] <= 1.0
+    checkpoints = list((tmp_path / "peer" / "checkpoints").glob("*.ckpt"))
+    assert [p.name for p in checkpoints] == ["epoch=1-step=8.ckpt"]  # 256 // 64 steps an epoch
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        steps = db.execute("SELECT step FROM metrics WHERE key = 'test_acc' ORDER BY step")
+        assert len(steps.fetchall()) == 2  # a validation every epoch
