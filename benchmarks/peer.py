@@ -16,7 +16,7 @@ training (metrics.json `total_seconds`: its epochs, evaluation included) and the
 before and during training (its on_train_start and on_train_end marks). The JSON
 (benchmarks/results/<machine>-peer-<date>.json unless --out) holds every run, the medians, the
 ratio of the medians' walls ours/peer, the settings and the 1-minute load average before and
-after.
+after, the whole and each size.
 """
 
 from __future__ import annotations
@@ -156,8 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="parallel-lab-peer-") as tmp:
         for name in args.sizes:
             print(f"peer: {name}", flush=True)
+            before = os.getloadavg()
             rounds = measure_size(SIZES[name], args.runs, Path(tmp))
-            sizes[name] = {"runs": rounds, "median": medians(rounds)}
+            load = {"before": before, "after": os.getloadavg()}  # which size other jobs hit
+            sizes[name] = {"runs": rounds, "median": medians(rounds), "load_average": load}
     result = {
         "machine": label,
         "info": {**info, "lightning": lightning.__version__},
@@ -189,7 +191,8 @@ def table(result: dict) -> str:
     ]
     for name, size in result["sizes"].items():
         s, m = result["settings"]["sizes"][name], size["median"]
-        label = f"{name}: width {s['width']}, {s['train']} images, {s['epochs']} epochs"
+        epochs = f"{s['epochs']} epoch" + "s" * (s["epochs"] != 1)
+        label = f"{name}: width {s['width']}, {s['train']} images, {epochs}"
         verdict = "met" if m["ratio_wall"] <= GOAL else "missed"
         lines.append(
             f"| {label} | {m['ours']['wall_s']:.1f} | {m['ours']['train_s']:.1f} "
