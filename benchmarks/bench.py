@@ -298,6 +298,14 @@ def peak(device: torch.device, precision: str, cache: dict) -> tuple[float, str]
     return cache[precision]
 
 
+def write_result(result: dict, kind: str, out: Optional[Path] = None) -> Path:
+    """A benchmark's JSON at `out`, else benchmarks/results/<machine>-<kind>-<date>.json."""
+    name = f"{result['machine']}-{kind}-{result['date']}.json"
+    path = out or REPO / "benchmarks" / "results" / name
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
 def machine(device: torch.device) -> tuple[str, dict]:
     cpu = platform.processor() or platform.machine()
     try:

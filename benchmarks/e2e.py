@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.bench import REPO, machine
+from benchmarks.bench import REPO, machine, write_result
 from pipeline.strategies import NAMES
 
 PROJECT_FILES = [
@@ -218,8 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
             result["seconds"]["compare"], _ = timed([*py, *compare], project, env)
         if not args.dvc:  # dvc repro's total is its own wall time
             result["seconds"]["total"] = sum(result["seconds"].values())
-    out = args.out or REPO / "benchmarks" / "results" / f"{label}-e2e-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, "e2e", args.out)
     print(f"e2e: total {result['seconds']['total']:.0f} s; wrote {out}", flush=True)
     return result
 

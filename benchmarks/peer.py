@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(2)
     import lightning
 
-    from benchmarks.bench import REPO, machine
+    from benchmarks.bench import machine, write_result
     from benchmarks.e2e import torch_device
 
     label, info = machine(torch_device())
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "sizes": sizes,
     }
-    out = args.out or REPO / "benchmarks" / "results" / f"{label}-peer-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, "peer", args.out)
     print(table(result), flush=True)
     print(f"peer: wrote {out}", flush=True)
     return result

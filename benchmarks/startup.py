@@ -20,7 +20,6 @@ as a user's first: the wall time and the seconds of each of its steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from benchmarks.bench import REPO, machine
+from benchmarks.bench import machine, write_result
 from benchmarks.e2e import project_copy, torch_device
 from pipeline.data.synthetic import write_synthetic
 from pipeline.timeline import ENV as TIMELINE_ENV
@@ -170,8 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
             },
             "runs": quickstarts,
         }
-    out = args.out or REPO / "benchmarks" / "results" / f"{label}-startup-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, "startup", args.out)
     print(table(result), flush=True)
     print(f"startup: wrote {out}", flush=True)
     return result

@@ -15,7 +15,6 @@ and the median and total time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -26,7 +25,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from benchmarks.bench import REPO, machine
+from benchmarks.bench import machine, write_result
 from benchmarks.e2e import project_copy, torch_device
 from pipeline.data.synthetic import write_synthetic
 
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         "total_s": sum(seconds),
         "runs": runs,
     }
-    out = args.out or REPO / "benchmarks" / "results" / f"{label}-stress-exit-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_result(result, "stress-exit", args.out)
     print(
         f"stress_exit: {len(runs) - len(bad)}/{len(runs)} clean runs, median "
         f"{result['median_run_s']:.1f} s, total {result['total_s']:.0f} s; wrote {out}",
