@@ -64,6 +64,7 @@ NOT_IDENTITY = (
     "pipeline.training.launcher",
     "pipeline.training.devices",
     "pipeline.training.topology",
+    "pipeline.training.one_node_rendezvous",
 )
 
 
@@ -191,12 +192,16 @@ def code_digests() -> dict[str, str]:
     return out
 
 
-@functools.cache  # the code a process runs is what it imported: a worker inherits them
 def source_digest(path: Path) -> str:
     """SHA-256 of the module's syntax tree without its string statements (docstrings of
     modules, classes, functions and dataclass fields): a change to a comment, a docstring or
     the layout of the code leaves it unchanged, a change to the code does not."""
-    tree = ast.parse(path.read_text())
+    return tree_digest(path.read_text())
+
+
+@functools.cache  # by the source itself: a forked worker finds its launcher's digests
+def tree_digest(source: str) -> str:
+    tree = ast.parse(source)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list):
