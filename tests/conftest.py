@@ -39,6 +39,8 @@ LONGEST_FIRST = [
     "test_parity",
     "test_scale_out",
     "test_dvc_pipeline",
+    "test_gpu_check",
+    "test_quickstart",
     "test_bad_files",
 ]
 
