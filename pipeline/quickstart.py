@@ -38,15 +38,21 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args("pipeline.quickstart", __doc__, argv, params_help=True)
     cfg = load_config("params.yaml", args.overrides)
     overrides = [*cfg.quick, *args.overrides]
-    load_config("params.yaml", overrides)  # the quick overrides themselves are valid
+    quick = load_config("params.yaml", overrides)  # the quick overrides themselves are valid
     check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())  # before minutes of fetching and training, not after
     started = time.monotonic()
     # Loaded before the first worker is forked, so that every worker inherits them: the
-    # stages' code, torch, and the MLflow client the writers and the publish step use.
+    # stages' code, torch, and the MLflow client, store and model logging that the writers
+    # and the publish step use.
     import mlflow.entities  # noqa: F401
 
     from pipeline import compare, fetch, publish, train
+    from pipeline.tracking import preload
+
+    preload.client_code(tracking_uri())
+    if quick.mlflow.log_model:
+        preload.final_model_code()
 
     steps: list[tuple[list[str], Stage]] = [
         (["pipeline.fetch"], fetch.main),

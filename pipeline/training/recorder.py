@@ -34,6 +34,7 @@ from pipeline.tracking.mlflow_run import (
     Tracker,
     new_record,
 )
+from pipeline.tracking.preload import final_model_code
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
 from pipeline.training.build import Training
 from pipeline.training.checkpoint import Position
@@ -118,10 +119,13 @@ class RunRecorder:
         # a run resumed at its end trains nothing: no samples of it in the finished run
         trains = len(self.history) < self.epochs
         interval = spec.report.system_metrics_interval_s if trains else None
-        tracker.open_soon(
-            self.history,
-            lambda: tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history)),
-        )
+
+        def then() -> None:  # on the open's background thread, once the run is open
+            tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history))
+            if self.log_model and trains:
+                final_model_code()  # while training runs, not between its end and the exit
+
+        tracker.open_soon(self.history, then)
         for note in self.notes:
             self.say(f"note: {note}")
         return tracker
