@@ -243,7 +243,9 @@ def startup_block(path: Path) -> list[str]:
         paragraph(
             f"From {source(path)}: {info.get('gpu') or info['cpu']}, {info['cpu_cores']} "
             f"cores, torch {info['torch']}; medians of {result['settings']['runs']} runs of "
-            "each strategy and start method (forked, spawned)."
+            "each strategy and start method (forked, spawned), each `python -m pipeline.train "
+            f"STRATEGY {' '.join(result['settings']['overrides'])}`, params.yaml's defaults "
+            "otherwise (the model logged to MLflow, system and step metrics)."
         ),
         "",
         startup_table(result),
