@@ -6,6 +6,7 @@ record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -122,8 +123,9 @@ class RunRecorder:
 
         def then() -> None:  # on the open's background thread, once the run is open
             tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history))
-            if self.log_model and trains:
-                final_model_code()  # while training runs, not between its end and the exit
+            if self.log_model and trains:  # while training runs, not between its end and exit
+                with contextlib.suppress(Exception):  # the final push reports its own failure
+                    final_model_code()
 
         tracker.open_soon(self.history, then)
         for note in self.notes:
