@@ -1,6 +1,7 @@
 """How a train stage ends: its exit code per outcome, and the orderly exit of its workers
 (pipeline/training/launcher.py `stage_exit`, pipeline/training/worker.py)."""
 
+import gc
 import itertools
 import os
 
@@ -15,7 +16,7 @@ from pipeline.errors import (
     Outcome,
 )
 from pipeline.training.launcher import read_outcome, stage_exit, workers_environment
-from pipeline.training.worker import comm_threads
+from pipeline.training.worker import comm_threads, left_threads_warning
 
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
 
@@ -64,15 +65,46 @@ def test_outcome_file(tmp_path):
 
 
 def test_comm_threads_names_only_a_process_groups_threads(tmp_path):
-    for tid, name in enumerate(["python", "pt_gloo_runloop", "gloo_tcp_loop", "pt_autograd_0"]):
-        (tmp_path / str(tid)).mkdir()
-        (tmp_path / str(tid) / "comm").write_text(name + "\n")
+    threads(tmp_path, "python", "pt_gloo_runloop", "gloo_tcp_loop", "pt_autograd_0")
     (tmp_path / "9").mkdir()  # a thread that ended while the directory was read
     assert sorted(comm_threads(tmp_path)) == ["gloo_tcp_loop", "pt_gloo_runloop"]
 
 
 def test_this_process_has_no_comm_threads():
     assert comm_threads() == []
+
+
+def threads(tasks, *names: str):
+    """A /proc/self/task of threads with these names."""
+    for tid, name in enumerate(names):
+        (tasks / str(tid)).mkdir()
+        (tasks / str(tid) / "comm").write_text(name + "\n")
+    return tasks
+
+
+@pytest.mark.parametrize(
+    "names, collects, warns",
+    [
+        ((), False, False),  # the groups and their threads went with the destroy
+        (("python", "pt_autograd_0"), False, False),
+        (("python", "pt_gloo_runloop"), True, True),  # held in a cycle, and outliving it
+    ],
+)
+def test_the_exit_collects_only_where_a_groups_thread_is_left(
+    tmp_path, monkeypatch, capsys, names, collects, warns
+):
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda: collected.append(True))
+    assert left_threads_warning(threads(tmp_path, *names)) is warns
+    assert bool(collected) is collects
+    assert ("outlived the process group" in capsys.readouterr().err) is warns
+
+
+def test_without_a_thread_list_the_exit_collects_anyway(tmp_path, monkeypatch):
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda: collected.append(True))
+    assert left_threads_warning(tmp_path / "no-proc") is False
+    assert collected == [True]
 
 
 def test_closing_the_step_metrics_sends_what_is_queued_and_ends_its_thread(monkeypatch):
