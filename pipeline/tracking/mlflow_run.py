@@ -128,7 +128,12 @@ class Tracker:
         self.record = record
         self._write()
         self._monitor = None
+        # the one background thread pushing to MLflow (opening the run, then the epochs
+        # `publish_soon` asks for): _busy while it runs, _newest the history it pushes next
         self._background: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._busy = False
+        self._newest: list[EpochRow] | None = None
         self._steps = StepMetrics(lambda: self.run_id)
 
     @property
@@ -143,32 +148,51 @@ class Tracker:
         """The run in MLflow (created, or a resumed one's status, params, tags and epochs
         brought up to date), then `then` (its system metrics started), on a background
         thread: training's first step does not wait for MLflow's import and its store
-        (seconds). run.json, written already, is the truth meanwhile; later pushes wait for
-        this one."""
+        (seconds). run.json, written already, is the truth meanwhile; epochs pushed meanwhile
+        (`publish_soon`) follow on the same thread."""
 
         def open_run() -> None:
             try:
                 self._publish(history)
             finally:
                 self._steps.opened.set()
-            then()
+            try:
+                self._push_newest(last=False)  # epochs that came while it opened, first
+                then()
+            finally:
+                self._push_newest()
 
         self._steps.opened.clear()
-
-        self._background = threading.Thread(target=open_run, name="mlflow-open", daemon=True)
-        self._background.start()
+        self._start_background(open_run, "mlflow-open")
 
     def publish_soon(self, history: list[EpochRow]) -> None:
         """`publish` on a background thread, so the next epoch does not wait for MLflow (tens
         of ms an epoch into SQLite, more over a network: percents of a sub-second GPU epoch).
-        A push still running is left alone: pushes are idempotent and the next one delivers
-        what it missed. The history on disk (checkpoint record, results/) stays the truth."""
-        if self._background is not None and self._background.is_alive():
-            return
-        self._background = threading.Thread(
-            target=self._publish, args=(list(history),), name="mlflow-publish", daemon=True
-        )
+        Where a push is still running, it pushes this history when done: the newest only,
+        since each push delivers every epoch MLflow lacks. The history on disk (checkpoint
+        record, results/) stays the truth."""
+        with self._lock:
+            self._newest = list(history)
+            if self._busy:
+                return
+        self._start_background(self._push_newest, "mlflow-publish")
+
+    def _start_background(self, target: Callable[[], None], name: str) -> None:
+        with self._lock:
+            self._busy = True
+        self._background = threading.Thread(target=target, name=name, daemon=True)
         self._background.start()
+
+    def _push_newest(self, last: bool = True) -> None:
+        """Push the newest history asked for until none is waiting; `last`: the background
+        thread then ends (a later `publish_soon` starts another)."""
+        while True:
+            with self._lock:
+                history, self._newest = self._newest, None
+                if history is None:
+                    self._busy = self._busy and not last
+                    return
+            self._publish(history)
 
     def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         """A step-level point (`step_train_loss`, ...) at MLflow step `step`, sent by a

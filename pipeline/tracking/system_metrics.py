@@ -4,6 +4,7 @@ sampling window kept."""
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from typing import Any
@@ -49,6 +50,9 @@ def system_metrics_monitor(
     from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+    # its start and stop said at INFO in every stage's log (and "Skip logging GPU metrics" on
+    # a CPU run): its warnings are what a user needs to see
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     monitor = SystemMetricsMonitor(
         run_id, sampling_interval=interval_s, resume_logging=resume, tracking_uri=tracking_uri
     )

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline import strategies
 from pipeline.config import Config, load_config
@@ -43,6 +43,7 @@ from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_r
 from pipeline.timeline import mark
 from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
+from pipeline.tracking.relay import EVENTS_ENV, Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 from pipeline.training import one_node_rendezvous, worker
 from pipeline.training.checkpoint import Checkpointer
@@ -66,6 +67,10 @@ START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
 # compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
 COMPILE_CACHE = Path(".cache/torch-compile")
+# how long the publisher may take past the final push's own wait for the server (its
+# calls' timeouts, the step metrics' flush, the last system-metrics sample) before the
+# launcher gives up on it: the run is kept locally either way
+PUBLISHER_SLACK_S = 120.0
 # what torchrun's agent handles (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -126,17 +131,30 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
-        workers_environment(gpus, nproc, Path(tmp)) as (error_file, outcome_file),
+        workers_environment(gpus, nproc, Path(tmp)) as files,
     ):
         start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":
             prepare_forks()
             warm_up()
+        # MLflow's side of the run, in a process of its own beside the workers (relay.py)
+        publisher = Publisher(
+            files.events, CHECKPOINTS / name / RUN_RECORD, lambda: model_source(RESULTS / name)
+        )
         mark("agent")  # validated, torch and the project imported
         code, signalled, failure = run_agent(settings, start, (name, worker_cfg))
-        user_error = error_file.read_text().strip() if error_file.exists() else ""
-        outcome = read_outcome(outcome_file)
-    mark("workers ended")
+        mark("workers ended")
+        bound = cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S
+        if not publisher.finish(bound):
+            print(
+                f"warning: MLflow run of {name} not pushed within {bound:.0f} s; kept locally: "
+                "run `python -m pipeline.publish`",
+                file=sys.stderr,
+                flush=True,
+            )
+        mark("published")
+        user_error = files.error.read_text().strip() if files.error.exists() else ""
+        outcome = read_outcome(files.outcome)
     exit_code = stage_exit(code, signalled, outcome, bool(user_error))
     if exit_code not in (0, STOPPED_EXIT):
         # a stop someone asked for that came before a checkpoint, or a failure (the agent also
@@ -157,19 +175,28 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     return exit_code
 
 
+class WorkerFiles(NamedTuple):
+    """Where a worker's user error, the run's outcome and the run's MLflow events come back."""
+
+    error: Path
+    outcome: Path
+    events: Path
+
+
 @contextmanager
-def workers_environment(gpus: list[str], nproc: int, tmp: Path) -> Iterator[tuple[Path, Path]]:
+def workers_environment(gpus: list[str], nproc: int, tmp: Path) -> Iterator[WorkerFiles]:
     """This process's environment as the workers get it (they are its children), for the
     launch only: the next launch in the same process (the quickstart's) starts from the
-    user's again. Yields the files a worker's user error and the run's outcome come back in."""
-    error_file, outcome_file = tmp / "error.txt", tmp / "outcome"
+    user's again. Yields the files in `tmp` the workers answer through."""
+    files = WorkerFiles(tmp / "error.txt", tmp / "outcome", tmp / "events.jsonl")
     saved = dict(os.environ)
     # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine
     os.environ.update(
         {
             "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-            ERROR_FILE_ENV: str(error_file),
-            OUTCOME_FILE_ENV: str(outcome_file),
+            ERROR_FILE_ENV: str(files.error),
+            OUTCOME_FILE_ENV: str(files.outcome),
+            EVENTS_ENV: str(files.events),
         }
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -178,7 +205,7 @@ def workers_environment(gpus: list[str], nproc: int, tmp: Path) -> Iterator[tupl
     # named a cache, theirs
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(COMPILE_CACHE.resolve()))
     try:
-        yield error_file, outcome_file
+        yield files
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -6,8 +6,8 @@ record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pipeline import memory
@@ -35,8 +35,8 @@ from pipeline.tracking.mlflow_run import (
     Tracker,
     new_record,
 )
-from pipeline.tracking.preload import final_model_code
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
+from pipeline.tracking.relay import Opening, Relay, open_tracker
 from pipeline.training.build import Training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import Progress
@@ -67,9 +67,12 @@ class RunRecorder:
         training: Training,
         key: str,
         progress: Progress,
+        events: Path | None = None,
     ):
         """`key`: the run identity's; `progress`: where the run starts, its history the
-        epochs a resumed run already finished (the list the epochs go on adding to)."""
+        epochs a resumed run already finished (the list the epochs go on adding to);
+        `events`: where the stage's publisher takes the run's MLflow events (relay.py), if
+        the launcher started one."""
         # A new MLflow run where training starts from scratch, but not for torchrun
         # restarting this job's workers (the stage's same attempt, whose run a failed rank
         # may have ended)
@@ -83,12 +86,14 @@ class RunRecorder:
         self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
         self.writer = training.run.writer
         self.say = writer_log(self.name, self.writer)
-        self.tracker = self._open_tracker() if self.writer else NullTracker()
+        self.tracker = self._open_tracker(events) if self.writer else NullTracker()
         if self.history:  # a resumed run's epochs, back in the plot DVC removed before the stage
             self._write_history()
 
-    def _open_tracker(self) -> Tracker:
-        """The MLflow run (a resumed run continues the same one), its system metrics started."""
+    def _open_tracker(self, events: Path | None) -> Tracker | Relay:
+        """The MLflow run (a resumed run continues the same one), its system metrics started:
+        handed to the stage's publisher where the launcher started one (`events`), else kept
+        in this process."""
         run, ctx = self.training.run, self.ctx
         gpus = ctx.physical_gpus(run.devices)  # the run's, not every GPU it could see
         tags = {
@@ -115,22 +120,22 @@ class RunRecorder:
             "effective_lr": effective_lr(spec.train),
             **run.params,
         }
-        new = new_record(self.key, spec.mlflow.experiment, self.name, tags, params)
-        tracker = Tracker(CHECKPOINTS / self.name / RUN_RECORD, new, fresh=self.fresh)
         # a run resumed at its end trains nothing: no samples of it in the finished run
         trains = len(self.history) < self.epochs
-        interval = spec.report.system_metrics_interval_s if trains else None
-
-        def then() -> None:  # on the open's background thread, once the run is open
-            tracker.start_system_metrics(interval, gpu_uuids(gpus), bool(self.history))
-            if self.log_model and trains:  # while training runs, not between its end and exit
-                with contextlib.suppress(Exception):  # the final push reports its own failure
-                    final_model_code()
-
-        tracker.open_soon(self.history, then)
+        opening = Opening(
+            new_record(self.key, spec.mlflow.experiment, self.name, tags, params),
+            self.fresh,
+            list(self.history),
+            spec.report.system_metrics_interval_s if trains else None,
+            gpu_uuids(gpus),
+            preload_model=self.log_model and trains,
+        )
         for note in self.notes:
             self.say(f"note: {note}")
-        return tracker
+        record_path = CHECKPOINTS / self.name / RUN_RECORD
+        if events is not None:
+            return Relay(events, record_path, opening)
+        return open_tracker(record_path, opening)
 
     def epoch_done(self, row: EpochRow) -> None:
         """`row` is in the history already (a checkpoint may have saved it): history.csv,
@@ -182,7 +187,6 @@ class RunRecorder:
                 # model.pt as an MLflow model, logged once
                 model=model_source(out_dir) if self.log_model else None,
             )
-            mark("published")
         return summary
 
     def close(self) -> None:

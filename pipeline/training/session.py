@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,10 +74,13 @@ def run(
     ctx: DistContext,
     control_group: dist.ProcessGroup | None = None,
     terminal_columns: int | None = None,
+    events: Path | None = None,
 ) -> RunEnd:
     """Train one strategy to the end (or to a SIGTERM checkpoint: then the summary is None).
     `terminal_columns`: the width of the terminal the stage's output goes to, if it does
-    (live.terminal_columns): the writer then shows a bar instead of progress lines."""
+    (live.terminal_columns): the writer then shows a bar instead of progress lines.
+    `events`: where the stage's MLflow publisher takes the run's events (tracking/relay.py);
+    None: the writer publishes itself."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     name = spec.name
@@ -97,7 +101,7 @@ def run(
     progress = policy.resume(training, say)
     # what the run decides at its start (balanced_dp.gpu0_bsz: auto): a resume's is kept
     training = settle(training, progress.tuned, policy.keep_tuned, say)
-    recorder = RunRecorder(spec, ctx, training, identity.key, progress)
+    recorder = RunRecorder(spec, ctx, training, identity.key, progress, events)
     mark("mlflow run opened", ctx.rank)
     live = live_progress(spec, training, ctx, recorder, terminal_columns)
     trainer = Trainer(training, ctx, stop, hooks, live)

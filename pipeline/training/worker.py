@@ -34,6 +34,7 @@ from pipeline.errors import (
 )
 from pipeline.files import atomic_write
 from pipeline.timeline import mark
+from pipeline.tracking.relay import EVENTS_ENV
 from pipeline.training.live import terminal_columns
 from pipeline.training.run_spec import resolve_run
 from pipeline.training.session import run
@@ -87,9 +88,9 @@ def train(strategy: str, cfg: Config) -> int:
     """Train, and tell the launcher how it ended (the writer's outcome); the exit code. The
     Config is resolved here, once, into the run's spec: nothing below sees the rest of it."""
     # The loop hands the GIL back at every torch call, and waits up to the switch interval
-    # to get it again while a background thread (MLflow's: the run's opening, each epoch's
-    # push, system metrics) runs Python: at the default 5 ms that doubled the first step on
-    # 2 CPU cores. 0.5 ms bounds the wait, for a little more switching in those threads.
+    # to get it again while a background thread runs Python (MLflow's, where the writer
+    # publishes itself: a worker torchrun started by hand): at the default 5 ms that doubled
+    # the first step on 2 CPU cores. 0.5 ms bounds the wait, for a little more switching.
     sys.setswitchinterval(GIL_SWITCH_S)
     spec = resolve_run(cfg, strategy)
     ctx = DistContext.from_env()
@@ -108,7 +109,8 @@ def train(strategy: str, cfg: Config) -> int:
     if ctx.on_cuda and ctx.world_size > 1:
         control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
     try:
-        end = run(spec, ctx, control, terminal)
+        events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
+        end = run(spec, ctx, control, terminal, Path(events) if events else None)
     finally:
         dist.destroy_process_group()
     outcome = Outcome.STOPPED if end.summary is None else Outcome.FINISHED

@@ -15,6 +15,7 @@ from pipeline.errors import (
     USER_ERROR_EXIT,
     Outcome,
 )
+from pipeline.tracking.relay import EVENTS_ENV
 from pipeline.training.launcher import read_outcome, stage_exit, workers_environment
 from pipeline.training.worker import comm_threads, left_threads_warning
 
@@ -134,11 +135,12 @@ def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     before = dict(os.environ)
-    with workers_environment([], 2, tmp_path) as (error_file, outcome_file):
+    with workers_environment([], 2, tmp_path) as (error_file, outcome_file, events):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # devices: cpu hides every GPU
         assert os.environ["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
         assert os.environ[ERROR_FILE_ENV] == str(error_file)
         assert os.environ[OUTCOME_FILE_ENV] == str(outcome_file)
+        assert os.environ[EVENTS_ENV] == str(events)
     assert dict(os.environ) == before
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with workers_environment(["1"], 1, tmp_path):

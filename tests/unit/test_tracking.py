@@ -3,6 +3,7 @@ step metrics, moving to another store, system metrics, and the comparison parent
 
 import json
 import socket
+import threading
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -11,6 +12,7 @@ from pipeline.errors import UserError
 from pipeline.results import EpochRow
 from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import Tracker, new_record
+from support import wait_for
 
 
 @pytest.fixture
@@ -41,13 +43,31 @@ def test_background_syncs_then_the_final_one_deliver_every_epoch_once(tracker):
     history = []
     for n in (1, 2, 3):
         history.append(epoch(n))
-        tracker.publish_soon(history)  # returns at once; a push still running is left alone
+        tracker.publish_soon(history)  # returns at once; a push still running takes it next
     assert tracker.publish(history, status="FINISHED")  # waits for the background push first
     client = MlflowClient()
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
     steps = [m.step for m in client.get_metric_history(tracker.run_id, "test_acc")]
     assert sorted(steps) == [1, 2, 3]
+
+
+def test_an_epoch_asked_for_while_the_run_opens_arrives_without_another_push(tmp_path, monkeypatch):
+    """The writer may hold after its first epoch (a fault, a slow step): that epoch must reach
+    MLflow though no later push comes to carry it."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker = Tracker(tmp_path / "run.json", new_record("f", "tests", "run", {}, {}), fresh=True)
+    opening = threading.Event()
+    tracker.open_soon([], then=opening.wait)  # the open's thread busy until released
+    tracker.publish_soon([epoch(1)])
+    opening.set()
+    client = MlflowClient()
+    wait_for(
+        lambda: tracker.run_id and client.get_metric_history(tracker.run_id, "test_acc"),
+        60,
+        "epoch 1 in MLflow",
+    )
+    tracker.close()
 
 
 def test_a_run_shorter_than_the_sampling_interval_still_gets_system_metrics(tracker):

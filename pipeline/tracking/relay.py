@@ -1,0 +1,308 @@
+"""A train stage's MLflow run, published by a process of its own beside the workers.
+
+The launcher forks the stage's publisher (`Publisher`) before it starts the workers; the
+run's writer hands it each event of the run (`Relay`: opened, an epoch, a few step metrics,
+the final push, closed) as one line of JSON appended to a file, and the publisher replays
+them on the writer's `Tracker` (mlflow_run.py), which does what it always did: run.json,
+the idempotent pushes, system metrics, the logged model. So a training process never imports
+MLflow, never shares its interpreter's lock with MLflow's threads and never waits for the
+server: on 2 CPU cores a tiny stage's first epoch took 3.7 s with MLflow in the writer
+against 0.8 s without (docs/performance.md, "A train stage's fixed cost").
+
+Nothing is lost on the way: run.json, the checkpoint record and results/ stay the truth, as
+before; the events file lives until the publisher has replayed it, the launcher waits for the
+publisher before it exits, and `python -m pipeline.publish` delivers whatever a killed stage
+left pending. A worker started by `torchrun` by hand has no publisher and keeps its Tracker in
+process (`open_tracker`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Optional
+
+from pipeline.results import EpochRow
+from pipeline.tracking.mlflow_run import ModelSource, Tracker, read_record
+from pipeline.tracking.preload import final_model_code
+
+EVENTS_ENV = "PARALLEL_LAB_RUN_EVENTS"  # the file a worker's writer appends the run's events to
+POLL_S = 0.05  # how often the publisher looks for new events: well under an epoch
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PUBLISHER_NICENESS = 10
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What opens a writer's MLflow run: the record it would have were it new
+    (mlflow_run.new_record), whether it trains from its first step, the epochs a resumed run
+    already has, the system metrics' interval (None: off) and GPUs, and whether to load the
+    final model's code while it trains (it will log one)."""
+
+    new: dict[str, Any]
+    fresh: bool
+    history: list[EpochRow]
+    system_metrics_s: Optional[float]
+    gpu_uuids: Optional[dict[str, str]]
+    preload_model: bool
+
+    def to_event(self) -> dict[str, Any]:
+        return {
+            "event": "open",
+            "new": self.new,
+            "fresh": self.fresh,
+            "history": [r.to_record() for r in self.history],
+            "system_metrics_s": self.system_metrics_s,
+            "gpu_uuids": self.gpu_uuids,
+            "preload_model": self.preload_model,
+        }
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> Opening:
+        return cls(
+            event["new"],
+            event["fresh"],
+            rows(event["history"]),
+            event["system_metrics_s"],
+            event["gpu_uuids"],
+            event["preload_model"],
+        )
+
+
+def rows(records: list[dict[str, Any]]) -> list[EpochRow]:
+    return [EpochRow.from_record(r) for r in records]
+
+
+def open_tracker(record_path: Path, opening: Opening) -> Tracker:
+    """The run's Tracker, its run opened in MLflow on a background thread, then its system
+    metrics started and the final model's code loaded while training runs."""
+    tracker = Tracker(record_path, opening.new, fresh=opening.fresh)
+
+    def then() -> None:  # on the open's background thread, once the run is open
+        resume = bool(opening.history)
+        tracker.start_system_metrics(opening.system_metrics_s, opening.gpu_uuids, resume)
+        if opening.preload_model:  # while training runs, not between its end and exit
+            with contextlib.suppress(Exception):  # the final push reports its own failure
+                final_model_code()
+
+    tracker.open_soon(opening.history, then)
+    return tracker
+
+
+def append_event(events: Path, event: dict[str, Any]) -> None:
+    """One line, one write: the publisher reads whole lines only."""
+    with open(events, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+class Relay:
+    """The writer's side: the same calls as a Tracker, each handed to the publisher at once."""
+
+    def __init__(self, events: Path, record_path: Path, opening: Opening):
+        self.events, self.record_path = events, record_path
+        append_event(events, opening.to_event())
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run as the publisher recorded it so far (None: not created yet)."""
+        run_id: str | None = read_record(self.record_path).get("run_id")
+        return run_id
+
+    def publish_soon(self, history: list[EpochRow]) -> None:
+        append_event(self.events, {"event": "epochs", "history": [r.to_record() for r in history]})
+
+    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+        event = {"event": "steps", "step": step, "metrics": metrics, "at": timestamp_ms}
+        append_event(self.events, event)
+
+    def publish(
+        self,
+        history: list[EpochRow],
+        artifacts: Sequence[Path] = (),
+        status: Optional[str] = None,
+        wait_s: float = 0.0,
+        give_up: Callable[[], bool] = lambda: False,
+        model: Optional[ModelSource] = None,
+    ) -> bool:
+        """Hand over the push; `model`, when given, is logged from results/ by the publisher
+        (the launcher knows where), and `give_up` is asked now: a stop requested by then makes
+        the publisher's push one attempt. True: handed over."""
+        event = {
+            "event": "publish",
+            "history": [r.to_record() for r in history],
+            "artifacts": [str(p) for p in artifacts],
+            "status": status,
+            "wait_s": wait_s,
+            "give_up": give_up(),
+            "model": model is not None,
+        }
+        append_event(self.events, event)
+        return True
+
+    def close(self) -> None:
+        append_event(self.events, {"event": "close"})
+
+
+def read_events(events: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The whole lines appended to `events` since `offset`, and the offset after them."""
+    try:
+        with open(events, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+    return [json.loads(line) for line in complete.splitlines()], offset + len(complete)
+
+
+class Replay:
+    """The publisher's side: the writer's events, replayed on its Tracker in order."""
+
+    def __init__(
+        self,
+        record_path: Path,
+        model_of: Callable[[], ModelSource],
+        stop: threading.Event,
+    ):
+        """`model_of`: the run's final model, from its results; `stop`: a stop was requested
+        (a SIGTERM), so the final push makes one attempt instead of waiting."""
+        self.record_path, self.model_of, self.stop = record_path, model_of, stop
+        self.tracker: Tracker | None = None
+
+    def apply(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "open":  # a restarted job's new writer opens the same run again
+            self.close()
+            self.tracker = open_tracker(self.record_path, Opening.from_event(event))
+            return
+        tracker = self.tracker
+        if tracker is None:
+            return  # every other event follows an open
+        if kind == "epochs":
+            tracker.publish_soon(rows(event["history"]))
+        elif kind == "steps":
+            tracker.log_steps_soon(event["step"], event["metrics"], event["at"])
+        elif kind == "publish":
+            given_up = event["give_up"]
+            tracker.publish(
+                rows(event["history"]),
+                [Path(p) for p in event["artifacts"]],
+                status=event["status"],
+                wait_s=event["wait_s"],
+                give_up=lambda: given_up or self.stop.is_set(),
+                model=self.model_of() if event["model"] else None,
+            )
+        elif kind == "close":
+            tracker.close()
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+
+
+END = {"event": "end"}  # the launcher's, once every worker has exited
+
+
+def publisher_main(
+    events: Path, record_path: Path, model_of: Callable[[], ModelSource], parent: int
+) -> None:
+    """The publisher process: below the workers in priority, and stopped by a SIGTERM or
+    SIGINT only in its waits: what the writer handed over is still pushed, one try each."""
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stopping)
+    import torch  # the launcher's, inherited: the model it logs is a few images' forward
+
+    torch.set_num_threads(1)
+    # Training first: where cores are short (2 CPU cores), MLflow's import and pushes would
+    # otherwise take a share of the epochs the report times; where they are not (a GPU
+    # machine's), the publisher keeps up all the same.
+    os.nice(PUBLISHER_NICENESS)
+    try:
+        publish_events(events, Replay(record_path, model_of, stop), parent)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def publish_events(events: Path, replay: Replay, parent: int) -> None:
+    """Replay `events` as they come until the launcher's END, or until the launcher is gone
+    (`parent` is no longer this process's parent), then end the run's threads."""
+    offset = 0
+    try:
+        while True:
+            batch, offset = read_events(events, offset)
+            if END in batch:
+                for event in batch[: batch.index(END)]:
+                    replay.apply(event)
+                return
+            for event in batch:
+                replay.apply(event)
+            if not batch:
+                if os.getppid() != parent:
+                    return
+                time.sleep(POLL_S)
+    finally:
+        replay.close()
+
+
+class Publisher:
+    """The launcher's handle on the stage's publisher process."""
+
+    def __init__(self, events: Path, record_path: Path, model_of: Callable[[], ModelSource]):
+        """Fork it now, before the workers: it holds nothing the launcher needs, and the
+        launcher never forks while a thread of its own is busy. CUDA is never touched in it."""
+        self.events = events
+        events.touch()
+        context = multiprocessing.get_context("fork")
+        self.process = context.Process(
+            target=publisher_main,
+            args=(events, record_path, model_of, os.getpid()),
+            name="mlflow-publisher",
+        )
+        self.process.start()
+
+    def finish(self, bound_s: float) -> bool:
+        """Tell it the workers are gone and wait for it to push what they handed over, at
+        most `bound_s`; a stop signal meanwhile is passed on (its push then gives up waiting
+        for the server). False when it had to be killed: the run stays kept locally."""
+        append_event(self.events, END)
+        with forwarding_stops(self.process.pid):
+            self.process.join(bound_s)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def forwarding_stops(pid: int | None) -> Iterator[None]:
+    """SIGTERM and SIGINT passed on to `pid` meanwhile, instead of ending this process."""
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
