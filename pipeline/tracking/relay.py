@@ -1,13 +1,14 @@
 """A train stage's MLflow run, published by a process of its own beside the workers.
 
-The launcher forks the stage's publisher (`Publisher`) before it starts the workers; the
-run's writer hands it each event of the run (`Relay`: opened, an epoch, a few step metrics,
-the final push, closed) as one line of JSON appended to a file, and the publisher replays
-them on the writer's `Tracker` (mlflow_run.py), which does what it always did: run.json,
-the idempotent pushes, system metrics, the logged model. So a training process never imports
-MLflow, never shares its interpreter's lock with MLflow's threads and never waits for the
-server: on 2 CPU cores a tiny stage's first epoch took 3.7 s with MLflow in the writer
-against 0.8 s without (docs/performance.md, "A train stage's fixed cost").
+`python -m pipeline.train` forks the stage's publisher (`Publisher`) before it imports torch,
+so that MLflow's imports run beside the launcher's; the run's writer hands it each event of
+the run (`Relay`: opened, an epoch, a few step metrics, the final push, closed) as one line of
+JSON appended to a file, and the publisher replays them on the writer's `Tracker`
+(mlflow_run.py), which does what it always did: run.json, the idempotent pushes, system
+metrics, the logged model. So a training process never imports MLflow, never shares its
+interpreter's lock with MLflow's threads and never waits for the server: on 2 CPU cores a
+tiny stage's first epoch took 3.7 s with MLflow in the writer against 0.8 s without, and the
+whole stage 12 s against 9.5 s (docs/performance.md, "A train stage's fixed cost").
 
 Nothing is lost on the way: run.json, the checkpoint record and results/ stay the truth, as
 before; the events file lives until the publisher has replayed it, the launcher waits for the
@@ -22,8 +23,10 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,12 +37,17 @@ from typing import Any, Optional
 
 from pipeline.results import EpochRow
 from pipeline.tracking.mlflow_run import ModelSource, Tracker, read_record
-from pipeline.tracking.preload import final_model_code
+from pipeline.tracking.preload import client_code, final_model_code
+from pipeline.tracking.store import tracking_uri
 
 EVENTS_ENV = "PARALLEL_LAB_RUN_EVENTS"  # the file a worker's writer appends the run's events to
 POLL_S = 0.05  # how often the publisher looks for new events: well under an epoch
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PUBLISHER_NICENESS = 10
+# how long the publisher may take past the final push's own wait for the server (its
+# calls' timeouts, the step metrics' flush, the last system-metrics sample) before the
+# launcher gives up on it: the run is kept locally either way
+PUBLISHER_SLACK_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -171,11 +179,12 @@ class Replay:
     def __init__(
         self,
         record_path: Path,
-        model_of: Callable[[], ModelSource],
+        model_of: Callable[[], ModelSource] | None,
         stop: threading.Event,
     ):
-        """`model_of`: the run's final model, from its results; `stop`: a stop was requested
-        (a SIGTERM), so the final push makes one attempt instead of waiting."""
+        """`model_of`: the run's final model, from its results (None: the stage logs none);
+        `stop`: a stop was requested (a SIGTERM), so the final push makes one attempt
+        instead of waiting."""
         self.record_path, self.model_of, self.stop = record_path, model_of, stop
         self.tracker: Tracker | None = None
 
@@ -194,13 +203,15 @@ class Replay:
             tracker.log_steps_soon(event["step"], event["metrics"], event["at"])
         elif kind == "publish":
             given_up = event["give_up"]
+            if event["model"] and self.model_of:
+                torch_single_threaded()
             tracker.publish(
                 rows(event["history"]),
                 [Path(p) for p in event["artifacts"]],
                 status=event["status"],
                 wait_s=event["wait_s"],
                 give_up=lambda: given_up or self.stop.is_set(),
-                model=self.model_of() if event["model"] else None,
+                model=self.model_of() if event["model"] and self.model_of else None,
             )
         elif kind == "close":
             tracker.close()
@@ -215,7 +226,10 @@ END = {"event": "end"}  # the launcher's, once every worker has exited
 
 
 def publisher_main(
-    events: Path, record_path: Path, model_of: Callable[[], ModelSource], parent: int
+    events: Path,
+    record_path: Path,
+    model_of: Callable[[], ModelSource] | None,
+    parent: int,
 ) -> None:
     """The publisher process: below the workers in priority, and stopped by a SIGTERM or
     SIGINT only in its waits: what the writer handed over is still pushed, one try each."""
@@ -226,18 +240,28 @@ def publisher_main(
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stopping)
-    import torch  # the launcher's, inherited: the model it logs is a few images' forward
-
-    torch.set_num_threads(1)
-    # Training first: where cores are short (2 CPU cores), MLflow's import and pushes would
-    # otherwise take a share of the epochs the report times; where they are not (a GPU
-    # machine's), the publisher keeps up all the same.
+    # Training first: where cores are short (2 CPU cores), MLflow's pushes would otherwise
+    # take a share of the epochs the report times; where they are not (a GPU machine's), the
+    # publisher keeps up all the same.
     os.nice(PUBLISHER_NICENESS)
     try:
+        # now, while the launcher imports torch on another core (its start is one thread)
+        with contextlib.suppress(Exception):  # a broken MLflow says so at its first push
+            client_code(tracking_uri())
+            if model_of is not None:  # the stage logs its model
+                final_model_code()
         publish_events(events, Replay(record_path, model_of, stop), parent)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def torch_single_threaded() -> None:
+    """Before the publisher's first torch op (the logged model's forward and export): the
+    workers have the cores."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def publish_events(events: Path, replay: Replay, parent: int) -> None:
@@ -262,33 +286,56 @@ def publish_events(events: Path, replay: Replay, parent: int) -> None:
 
 
 class Publisher:
-    """The launcher's handle on the stage's publisher process."""
+    """The stage's publisher process, from the launcher's side."""
 
-    def __init__(self, events: Path, record_path: Path, model_of: Callable[[], ModelSource]):
-        """Fork it now, before the workers: it holds nothing the launcher needs, and the
-        launcher never forks while a thread of its own is busy. CUDA is never touched in it."""
-        self.events = events
-        events.touch()
+    def __init__(
+        self, record_path: Path, model_of: Callable[[], ModelSource] | None, bound_s: float
+    ):
+        """Fork it now, before the launcher imports torch and starts the workers: its own
+        imports (MLflow's, 2 s of CPU) then take a core that the launcher's one-thread start
+        leaves idle, and the launcher never forks while a thread of its own is busy. CUDA is
+        never touched in it. `model_of`: the run's final model once trained (None: the stage
+        logs none); `bound_s`: how long `finish` waits for it at most."""
+        self._dir = Path(tempfile.mkdtemp(prefix="parallel-lab-mlflow-"))
+        self.events = self._dir / "events.jsonl"
+        self.events.touch()
+        self.bound_s = bound_s
+        self.finished: bool | None = None
         context = multiprocessing.get_context("fork")
         self.process = context.Process(
             target=publisher_main,
-            args=(events, record_path, model_of, os.getpid()),
+            args=(self.events, record_path, model_of, os.getpid()),
             name="mlflow-publisher",
         )
         self.process.start()
 
-    def finish(self, bound_s: float) -> bool:
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.finished is None:
+            self.finish()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def finish(self) -> bool:
         """Tell it the workers are gone and wait for it to push what they handed over, at
         most `bound_s`; a stop signal meanwhile is passed on (its push then gives up waiting
-        for the server). False when it had to be killed: the run stays kept locally."""
-        append_event(self.events, END)
-        with forwarding_stops(self.process.pid):
-            self.process.join(bound_s)
-        if self.process.exitcode is None:
+        for the server). Where nothing was handed over (a stage refused before its workers
+        ran) it is stopped at once. False when it had to be killed: the run stays kept
+        locally."""
+        if self.events.stat().st_size == 0:
             self.process.kill()
             self.process.join()
-            return False
-        return True
+            self.finished = True
+            return True
+        append_event(self.events, END)
+        with forwarding_stops(self.process.pid):
+            self.process.join(self.bound_s)
+        self.finished = self.process.exitcode is not None
+        if not self.finished:
+            self.process.kill()
+            self.process.join()
+        return self.finished
 
 
 @contextlib.contextmanager

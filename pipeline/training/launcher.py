@@ -67,10 +67,6 @@ START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
 # compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
 COMPILE_CACHE = Path(".cache/torch-compile")
-# how long the publisher may take past the final push's own wait for the server (its
-# calls' timeouts, the step metrics' flush, the last system-metrics sample) before the
-# launcher gives up on it: the run is kept locally either way
-PUBLISHER_SLACK_S = 120.0
 # what torchrun's agent handles (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -102,10 +98,10 @@ def check_kept_files(name: str) -> None:
     read_record(CHECKPOINTS / name / RUN_RECORD)
 
 
-def launch(name: str, cfg: Config, overrides: list[str]) -> int:
+def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -> int:
     """Validate the rest (`cfg`: params.yaml with `overrides`, already checked), then run the
-    strategy's workers under torchrun; the stage's exit code (`stage_exit`), with one line for
-    a user error found by a worker."""
+    strategy's workers under torchrun, their run's MLflow events going to `publisher`; the
+    stage's exit code (`stage_exit`), with one line for a user error found by a worker."""
     strategies.check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())
     parse_faults(os.environ.get(FAULT_ENV))
@@ -131,24 +127,19 @@ def launch(name: str, cfg: Config, overrides: list[str]) -> int:
     print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
-        workers_environment(gpus, nproc, Path(tmp)) as files,
+        workers_environment(gpus, nproc, Path(tmp), publisher.events) as files,
     ):
         start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
         if start == "fork":
             prepare_forks()
             warm_up()
-        # MLflow's side of the run, in a process of its own beside the workers (relay.py)
-        publisher = Publisher(
-            files.events, CHECKPOINTS / name / RUN_RECORD, lambda: model_source(RESULTS / name)
-        )
         mark("agent")  # validated, torch and the project imported
         code, signalled, failure = run_agent(settings, start, (name, worker_cfg))
         mark("workers ended")
-        bound = cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S
-        if not publisher.finish(bound):
+        if not publisher.finish():
             print(
-                f"warning: MLflow run of {name} not pushed within {bound:.0f} s; kept locally: "
-                "run `python -m pipeline.publish`",
+                f"warning: MLflow run of {name} not pushed within {publisher.bound_s:.0f} s; "
+                "kept locally: run `python -m pipeline.publish`",
                 file=sys.stderr,
                 flush=True,
             )
@@ -184,11 +175,14 @@ class WorkerFiles(NamedTuple):
 
 
 @contextmanager
-def workers_environment(gpus: list[str], nproc: int, tmp: Path) -> Iterator[WorkerFiles]:
+def workers_environment(
+    gpus: list[str], nproc: int, tmp: Path, events: Path
+) -> Iterator[WorkerFiles]:
     """This process's environment as the workers get it (they are its children), for the
     launch only: the next launch in the same process (the quickstart's) starts from the
-    user's again. Yields the files in `tmp` the workers answer through."""
-    files = WorkerFiles(tmp / "error.txt", tmp / "outcome", tmp / "events.jsonl")
+    user's again. Yields the files the workers answer through: two in `tmp`, and `events`,
+    the stage's MLflow publisher's."""
+    files = WorkerFiles(tmp / "error.txt", tmp / "outcome", events)
     saved = dict(os.environ)
     # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine
     os.environ.update(

@@ -135,7 +135,11 @@ def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     before = dict(os.environ)
-    with workers_environment([], 2, tmp_path) as (error_file, outcome_file, events):
+    with workers_environment([], 2, tmp_path, tmp_path / "events") as (
+        error_file,
+        outcome_file,
+        events,
+    ):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # devices: cpu hides every GPU
         assert os.environ["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
         assert os.environ[ERROR_FILE_ENV] == str(error_file)
@@ -143,7 +147,7 @@ def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
         assert os.environ[EVENTS_ENV] == str(events)
     assert dict(os.environ) == before
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    with workers_environment(["1"], 1, tmp_path):
+    with workers_environment(["1"], 1, tmp_path, events):
         assert os.environ["OMP_NUM_THREADS"] == "3"
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"

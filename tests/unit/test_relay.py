@@ -43,7 +43,7 @@ def store(tmp_path, monkeypatch) -> str:
 
 
 def replay_all(events, record_path) -> Replay:
-    replay = Replay(record_path, model_of=lambda: pytest.fail("no model"), stop=threading.Event())
+    replay = Replay(record_path, model_of=no_model, stop=threading.Event())
     batch, _ = read_events(events, 0)
     for event in batch:
         replay.apply(event)
@@ -106,16 +106,27 @@ def test_a_restarted_writer_goes_on_with_the_same_run(tmp_path, store):
     assert len(runs) == 1 and runs[0].info.status == FINISHED
 
 
+def no_model():
+    pytest.fail("no model was asked for")
+
+
 def test_the_publisher_process_pushes_everything_before_the_launcher_goes_on(tmp_path, store):
-    events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
-    publisher = Publisher(events, record_path, model_of=lambda: pytest.fail("no model"))
-    relay = Relay(events, record_path, opening())
-    relay.publish([epoch(1)], [], status=FINISHED)
-    relay.close()
-    assert publisher.finish(bound_s=120)
-    assert publisher.process.exitcode == 0
+    record_path = tmp_path / "run.json"
+    with Publisher(record_path, no_model, bound_s=900) as publisher:
+        relay = Relay(publisher.events, record_path, opening())
+        relay.publish([epoch(1)], [], status=FINISHED)
+        relay.close()
+        assert publisher.finish() and publisher.process.exitcode == 0
     record = read_record(record_path)
     assert MlflowClient().get_run(record["run_id"]).info.status == FINISHED
+    assert not publisher.events.exists()  # its directory went with it
+
+
+def test_a_stage_refused_before_its_workers_stops_its_publisher_at_once(tmp_path, store):
+    record_path = tmp_path / "run.json"
+    with Publisher(record_path, no_model, bound_s=900) as publisher:
+        pass  # as when the launcher refuses the stage: nothing was handed over
+    assert publisher.process.exitcode is not None and not record_path.exists()
 
 
 def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeypatch, capfd):
@@ -123,31 +134,31 @@ def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeyp
     SIGTERM (as the launcher passes on) the publisher tries once, says so and ends, and the
     run stays kept locally for `python -m pipeline.publish`."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
-    events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
-    publisher = Publisher(events, record_path, model_of=lambda: pytest.fail("no model"))
-    relay = Relay(events, record_path, opening())
-    wait_for(record_path.exists, 120, "the publisher to replay the opening")  # it is running
-    os.kill(publisher.process.pid, signal.SIGTERM)
-    relay.publish([epoch(1)], [], status=FINISHED, wait_s=900)
-    assert publisher.finish(bound_s=900) and publisher.process.exitcode == 0
+    record_path = tmp_path / "run.json"
+    with Publisher(record_path, no_model, bound_s=900) as publisher:
+        relay = Relay(publisher.events, record_path, opening())
+        wait_for(record_path.exists, 120, "the publisher to replay the opening")  # it runs
+        os.kill(publisher.process.pid, signal.SIGTERM)
+        relay.publish([epoch(1)], [], status=FINISHED, wait_s=900)
+        assert publisher.finish() and publisher.process.exitcode == 0
     assert "unreachable" in capfd.readouterr().err
     assert read_record(record_path)["status"] == FINISHED
 
 
 def test_a_stop_the_writer_saw_makes_the_final_push_one_try(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
-    events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
-    publisher = Publisher(events, record_path, model_of=lambda: pytest.fail("no model"))
-    relay = Relay(events, record_path, opening())
-    relay.publish([epoch(1)], [], status=FINISHED, wait_s=900, give_up=lambda: True)
-    assert publisher.finish(bound_s=900) and publisher.process.exitcode == 0
+    record_path = tmp_path / "run.json"
+    with Publisher(record_path, no_model, bound_s=900) as publisher:
+        relay = Relay(publisher.events, record_path, opening())
+        relay.publish([epoch(1)], [], status=FINISHED, wait_s=900, give_up=lambda: True)
+        assert publisher.finish() and publisher.process.exitcode == 0
     assert "unreachable" in capfd.readouterr().err
 
 
 def test_a_publisher_whose_launcher_is_gone_replays_what_came_and_ends(tmp_path, store):
     events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
     Relay(events, record_path, opening()).publish_soon([epoch(1)])
-    replay = Replay(record_path, lambda: pytest.fail("no model"), threading.Event())
+    replay = Replay(record_path, no_model, threading.Event())
     publish_events(events, replay, parent=-1)  # not this process's parent: the launcher died
     assert replay.tracker is None  # its threads ended
     # the run is open in MLflow, as the writer left it; its epochs are on disk (the
@@ -160,5 +171,5 @@ def test_nothing_after_the_launchers_end_is_replayed(tmp_path, store):
     events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
     append_event(events, END)
     Relay(events, record_path, opening())  # too late: no worker writes after the end
-    publish_events(events, Replay(record_path, pytest.fail, threading.Event()), os.getppid())
+    publish_events(events, Replay(record_path, no_model, threading.Event()), os.getppid())
     assert not record_path.exists()
