@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> dict:
             key: statistics.median(sum(r.values()) - r[TRAINING] for r in rows)
             for key, rows in runs.items()
         },
+        "median_wall_s": {
+            key: statistics.median(sum(r.values()) for r in rows) for key, rows in runs.items()
+        },
         "runs": runs,
     }
     if quickstarts:
@@ -188,6 +191,9 @@ def table(result: dict) -> str:
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     fixed = [f"**{result['median_fixed_s'][k]:.2f}**" for k in keys]
     lines.append("| **fixed cost (all but training)** | " + " | ".join(fixed) + " |")
+    if "median_wall_s" in result:  # older JSONs have the phases alone
+        wall = [f"**{result['median_wall_s'][k]:.2f}**" for k in keys]
+        lines.append("| **the stage's wall time** | " + " | ".join(wall) + " |")
     if "quickstart" in result:
         quick = result["quickstart"]
         steps = ", ".join(f"{k} {v:.1f}" for k, v in quick["median_s"].items() if k != "wall")
