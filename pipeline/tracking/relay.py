@@ -240,6 +240,7 @@ def publisher_main(
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stopping)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by its fork
     # Training first: where cores are short (2 CPU cores), MLflow's pushes would otherwise
     # take a share of the epochs the report times; where they are not (a GPU machine's), the
     # publisher keeps up all the same.
@@ -307,7 +308,12 @@ class Publisher:
             args=(self.events, record_path, model_of, os.getpid()),
             name="mlflow-publisher",
         )
-        self.process.start()
+        # a stop signal waits until the child has its own handlers (publisher_main)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def __enter__(self) -> Publisher:
         return self
@@ -317,25 +323,28 @@ class Publisher:
             self.finish()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def finish(self) -> bool:
+    def finish(self) -> str | None:
         """Tell it the workers are gone and wait for it to push what they handed over, at
         most `bound_s`; a stop signal meanwhile is passed on (its push then gives up waiting
         for the server). Where nothing was handed over (a stage refused before its workers
-        ran) it is stopped at once. False when it had to be killed: the run stays kept
-        locally."""
+        ran) it is stopped at once. None when it ended well, else what went wrong, in words:
+        the run then stays kept locally, for `python -m pipeline.publish`."""
         if self.events.stat().st_size == 0:
             self.process.kill()
             self.process.join()
             self.finished = True
-            return True
+            return None
         append_event(self.events, END)
         with forwarding_stops(self.process.pid):
             self.process.join(self.bound_s)
-        self.finished = self.process.exitcode is not None
-        if not self.finished:
+        self.finished = True
+        if self.process.exitcode is None:
             self.process.kill()
             self.process.join()
-        return self.finished
+            return f"its publisher was still at it after {self.bound_s:.0f} s"
+        if self.process.exitcode != 0:
+            return f"its publisher exited with {self.process.exitcode}"
+        return None
 
 
 @contextlib.contextmanager

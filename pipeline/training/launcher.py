@@ -136,10 +136,11 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
         mark("agent")  # validated, torch and the project imported
         code, signalled, failure = run_agent(settings, start, (name, worker_cfg))
         mark("workers ended")
-        if not publisher.finish():
+        problem = publisher.finish()
+        if problem is not None:
             print(
-                f"warning: MLflow run of {name} not pushed within {publisher.bound_s:.0f} s; "
-                "kept locally: run `python -m pipeline.publish`",
+                f"warning: MLflow run of {name} not pushed: {problem}; kept locally: run "
+                "`python -m pipeline.publish`",
                 file=sys.stderr,
                 flush=True,
             )

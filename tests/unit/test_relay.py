@@ -116,7 +116,7 @@ def test_the_publisher_process_pushes_everything_before_the_launcher_goes_on(tmp
         relay = Relay(publisher.events, record_path, opening())
         relay.publish([epoch(1)], [], status=FINISHED)
         relay.close()
-        assert publisher.finish() and publisher.process.exitcode == 0
+        assert publisher.finish() is None and publisher.process.exitcode == 0
     record = read_record(record_path)
     assert MlflowClient().get_run(record["run_id"]).info.status == FINISHED
     assert not publisher.events.exists()  # its directory went with it
@@ -127,6 +127,14 @@ def test_a_stage_refused_before_its_workers_stops_its_publisher_at_once(tmp_path
     with Publisher(record_path, no_model, bound_s=900) as publisher:
         pass  # as when the launcher refuses the stage: nothing was handed over
     assert publisher.process.exitcode is not None and not record_path.exists()
+
+
+def test_a_publisher_that_died_is_said_so(tmp_path, store):
+    record_path = tmp_path / "run.json"
+    with Publisher(record_path, no_model, bound_s=900) as publisher:
+        Relay(publisher.events, record_path, opening())
+        publisher.process.kill()  # as the OOM killer would
+        assert publisher.finish() == "its publisher exited with -9"
 
 
 def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeypatch, capfd):
@@ -140,7 +148,7 @@ def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeyp
         wait_for(record_path.exists, 120, "the publisher to replay the opening")  # it runs
         os.kill(publisher.process.pid, signal.SIGTERM)
         relay.publish([epoch(1)], [], status=FINISHED, wait_s=900)
-        assert publisher.finish() and publisher.process.exitcode == 0
+        assert publisher.finish() is None and publisher.process.exitcode == 0
     assert "unreachable" in capfd.readouterr().err
     assert read_record(record_path)["status"] == FINISHED
 
@@ -151,7 +159,7 @@ def test_a_stop_the_writer_saw_makes_the_final_push_one_try(tmp_path, monkeypatc
     with Publisher(record_path, no_model, bound_s=900) as publisher:
         relay = Relay(publisher.events, record_path, opening())
         relay.publish([epoch(1)], [], status=FINISHED, wait_s=900, give_up=lambda: True)
-        assert publisher.finish() and publisher.process.exitcode == 0
+        assert publisher.finish() is None and publisher.process.exitcode == 0
     assert "unreachable" in capfd.readouterr().err
 
 
