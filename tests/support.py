@@ -208,6 +208,33 @@ def run(
     return proc
 
 
+# Train stages one after the other in one process, as the quickstart runs them (its e2e test
+# checks that a stage run so equals the command run alone, bitwise): each stage's results and
+# checkpoint record copied to kept/<label>/ before the next run of the same strategy.
+STAGES_IN_ONE_PROCESS = """
+import json, shutil, sys
+from pathlib import Path
+from pipeline import train
+from pipeline.cli import exit_code
+for label, strategy, overrides in json.loads(sys.argv[1]):
+    code = exit_code(train.main, [strategy, *overrides])
+    if code:
+        sys.exit(f"{label}: python -m pipeline.train {strategy} exited {code}")
+    kept = Path("kept") / label
+    shutil.copytree(Path("results") / strategy, kept)
+    shutil.copy(Path("checkpoints") / strategy / "latest.json", kept / "latest.json")
+"""
+
+
+def train_in_one_process(
+    project: Path, stages: list[tuple[str, str, list[str]]], timeout: float = 600, **env: str
+) -> Path:
+    """Run `python -m pipeline.train STRATEGY OVERRIDES` for each (label, strategy, overrides)
+    in one process, torch and the project loaded once; kept/ holds each one's results."""
+    run(project, "python", "-c", STAGES_IN_ONE_PROCESS, json.dumps(stages), timeout=timeout, **env)
+    return project / "kept"
+
+
 # What a run keeps between runs: a refused command must leave every file (and directory) of
 # these as it was, and add none.
 KEPT = ("results", "checkpoints", "data", "reports")

@@ -14,7 +14,8 @@ train. Under bf16 autocast the pipeline (one chunk, its two stages in processes 
 is compared with single under the same autocast.
 
 The runs are shared between tests (module-scoped) and grouped by setting; each group trains
-in its own project copy (own results/ and MLflow store), and the groups run side by side.
+in its own project copy (own results/ and MLflow store), its stages one after the other in one
+process as the quickstart runs them, and the groups run side by side.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from support import make_project, run, tiny_params
+from support import make_project, run, tiny_params, train_in_one_process
 
 WIDTH, SEED = 8, 0
 # 10 optimizer steps of a global batch of 32 on the tiny network
@@ -117,17 +118,14 @@ def trained(fetched_template) -> dict[str, dict[str, Trained]]:
     def train_group(group: str) -> dict[str, Trained]:
         project = shutil.copytree(fetched_template, fetched_template.parent / group)
         out = {}
-        for label, strategy, overrides in RUNS[group]:
-            # one thread per process: every strategy runs the same kernels (single's thread
-            # count would otherwise differ), and the groups share the cores without spinning
-            run(
-                project, "python", "-m", "pipeline.train", strategy, *overrides, OMP_NUM_THREADS="1"
-            )
-            results = project / "results" / strategy
-            latest = json.loads((project / "checkpoints" / strategy / "latest.json").read_text())
+        # one thread per process: every strategy runs the same kernels (single's thread
+        # count would otherwise differ), and the groups share the cores without spinning
+        kept = train_in_one_process(project, RUNS[group], OMP_NUM_THREADS="1")
+        for label, _, _ in RUNS[group]:
+            latest = json.loads((kept / label / "latest.json").read_text())
             out[label] = Trained(
-                torch.load(results / "model.pt"),
-                json.loads((results / "summary.json").read_text()),
+                torch.load(kept / label / "model.pt"),
+                json.loads((kept / label / "summary.json").read_text()),
                 latest["identity"]["hardware"]["precision"],
             )
         return out
