@@ -17,10 +17,13 @@ A checkpoint whose identity differs is not resumed; `difference` says in one lin
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
+import os
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,10 @@ SHAPING = (
     "model.",
     "train.",
 )
+# Modules' digests by their source (code_digests), kept between runs beside torch.compile's
+# caches (launcher.py), outside DVC's outputs; it starts over past this many entries.
+DIGEST_CACHE = Path(".cache/code-digests.json")
+DIGEST_CACHE_SIZE = 2000
 # The project's modules a train stage runs that are not part of the identity (a name ending
 # in "." is a package); every other one a run imports is. A change to one of these re-runs
 # the stage (dvc.yaml), which resumes the finished run and hands on the numbers it has: so
@@ -178,17 +185,26 @@ def in_identity(module: str) -> bool:
     )
 
 
-def code_digests() -> dict[str, str]:
+def code_digests(cache: Path = DIGEST_CACHE) -> dict[str, str]:
     """Digests of the modules in the identity this process has imported. Imports of the
     project's own modules all happen at module level (tests/unit/test_layout.py), so by the
-    time a run has built its strategy, every module it will run is here."""
-    out = {}
+    time a run has built its strategy, every module it will run is here. Digests already
+    worked out for the same source are read from `cache` (parsing every module takes a
+    fifth of a second on a 2-core machine, before the first step); new ones are added to it."""
+    known = read_digest_cache(cache)
+    out, new = {}, {}
     for name, module in sorted(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if path and in_identity(name):
             depth = len(name.split(".")) - (Path(path).name != "__init__.py")
             root = Path(path).parents[depth]  # the directory that holds the package
-            out[str(Path(path).relative_to(root))] = source_digest(Path(path))
+            source = Path(path).read_text()
+            key = source_key(source)
+            if key not in known:
+                known[key] = new[key] = tree_digest(source)
+            out[str(Path(path).relative_to(root))] = known[key]
+    if new:
+        write_digest_cache(cache, known if len(known) <= DIGEST_CACHE_SIZE else new)
     return out
 
 
@@ -208,6 +224,40 @@ def tree_digest(source: str) -> str:
             kept = [statement for statement in body if not _is_string_statement(statement)]
             node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+
+
+def source_key(source: str) -> str:
+    """The cache's key for a module's source: its text, and the Python whose `ast.dump` the
+    digest is made from (another version may dump the same tree differently)."""
+    text = f"{sys.version_info[0]}.{sys.version_info[1]}\0{source}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_digest_cache(cache: Path) -> dict[str, str]:
+    """The cached digests; none where the file is missing or not what `write_digest_cache`
+    writes (a cache never stops a run: its digests are worked out again)."""
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    valid = isinstance(known, dict) and all(isinstance(v, str) for v in known.values())
+    return known if valid else {}
+
+
+def write_digest_cache(cache: Path, digests: dict[str, str]) -> None:
+    """Replace the cache with `digests` at once (a file of this process's own first, so two
+    stages writing together leave one whole file); where it cannot be written, the next
+    run works them out again."""
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=f".{cache.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(digests, f)
+            os.replace(tmp, cache)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def _is_string_statement(statement: ast.stmt) -> bool:

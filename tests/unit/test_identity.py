@@ -2,6 +2,7 @@
 resumed, and the one line that says why one was not."""
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 
 from pipeline import strategies
 from pipeline.config import Config, flatten
+from pipeline.training import identity as identity_module
 from pipeline.training.hardware import local_facts, merge
 from pipeline.training.identity import (
     NOT_IDENTITY,
@@ -16,9 +18,11 @@ from pipeline.training.identity import (
     RunIdentity,
     code_digests,
     in_identity,
+    read_digest_cache,
     run_identity,
     shapes,
     source_digest,
+    source_key,
 )
 from pipeline.training.run_spec import resolve_run
 from support import REPO, code_deps, fresh_python
@@ -123,6 +127,37 @@ def test_the_identity_covers_the_code_this_process_imported(tmp_path):
     assert run_identity(resolve_run(cfg, "ddp"), 2, data, HW).key != first.key
     data.write_bytes(b"0124")
     assert run_identity(resolve_run(Config(), "ddp"), 2, Path(data), HW).key != first.key
+
+
+def test_cached_digests_are_the_parsed_ones_and_a_bad_cache_is_worked_out_again(
+    tmp_path, monkeypatch
+):
+    import pipeline.training.loop  # noqa: F401
+
+    cache = tmp_path / ".cache" / "code-digests.json"
+    parsed = []
+    monkeypatch.setattr(identity_module, "tree_digest", lambda s: parsed.append(s) or "d" * 16)
+    first = code_digests(cache)
+    assert len(parsed) == len(first) and set(first.values()) == {"d" * 16}
+    assert code_digests(cache) == first and len(parsed) == len(first)  # all from the cache
+    # a cache that is not one (a crash mid-write on another filesystem, an edit) is ignored
+    for junk in ("{", "[1]", '{"k": 1}'):
+        cache.write_text(junk)
+        parsed.clear()
+        assert code_digests(cache) == first and len(parsed) == len(first)
+    assert read_digest_cache(cache) == {source_key(s): "d" * 16 for s in parsed}
+    # the same source under another Python may dump its tree otherwise: another key
+    monkeypatch.setattr(sys, "version_info", (3, 99, 0))
+    assert source_key(parsed[0]) not in read_digest_cache(cache)
+
+
+def test_the_digest_cache_holds_the_real_digests(tmp_path):
+    """What the cache hands back is what parsing gives, for every module of this process."""
+    cache = tmp_path / "digests.json"
+    cold = code_digests(cache)
+    warm = code_digests(cache)
+    root = Path(identity_module.__file__).parents[2]
+    assert warm == cold == {name: source_digest(root / name) for name in cold}
 
 
 def module_of(path: str) -> str:
