@@ -138,13 +138,15 @@ def test_cached_digests_are_the_parsed_ones_and_a_bad_cache_is_worked_out_again(
     parsed = []
     monkeypatch.setattr(identity_module, "tree_digest", lambda s: parsed.append(s) or "d" * 16)
     first = code_digests(cache)
-    assert len(parsed) == len(first) and set(first.values()) == {"d" * 16}
-    assert code_digests(cache) == first and len(parsed) == len(first)  # all from the cache
-    # a cache that is not one (a crash mid-write on another filesystem, an edit) is ignored
+    assert set(first.values()) == {"d" * 16}
+    sources = len(parsed)
+    assert sources and len(set(parsed)) == sources  # each distinct source parsed once
+    assert code_digests(cache) == first and len(parsed) == sources  # the rest from the cache
+    # a cache that is not one (cut short, edited by hand) is ignored and written anew
     for junk in ("{", "[1]", '{"k": 1}'):
         cache.write_text(junk)
         parsed.clear()
-        assert code_digests(cache) == first and len(parsed) == len(first)
+        assert code_digests(cache) == first and len(parsed) == sources
     assert read_digest_cache(cache) == {source_key(s): "d" * 16 for s in parsed}
     # the same source under another Python may dump its tree otherwise: another key
     monkeypatch.setattr(sys, "version_info", (3, 99, 0))
@@ -152,12 +154,12 @@ def test_cached_digests_are_the_parsed_ones_and_a_bad_cache_is_worked_out_again(
 
 
 def test_the_digest_cache_holds_the_real_digests(tmp_path):
-    """What the cache hands back is what parsing gives, for every module of this process."""
     cache = tmp_path / "digests.json"
-    cold = code_digests(cache)
-    warm = code_digests(cache)
+    digests = code_digests(cache)
     root = Path(identity_module.__file__).parents[2]
-    assert warm == cold == {name: source_digest(root / name) for name in cold}
+    assert digests == {name: source_digest(root / name) for name in digests}
+    keys = {source_key((root / name).read_text()): d for name, d in digests.items()}
+    assert read_digest_cache(cache) == keys
 
 
 def module_of(path: str) -> str:
