@@ -301,7 +301,7 @@ class Publisher:
         self.events = self._dir / "events.jsonl"
         self.events.touch()
         self.bound_s = bound_s
-        self.finished: bool | None = None
+        self.finished = False  # finish() has run
         context = multiprocessing.get_context("fork")
         self.process = context.Process(
             target=publisher_main,
@@ -319,7 +319,7 @@ class Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.finished is None:
+        if not self.finished:
             self.finish()
         shutil.rmtree(self._dir, ignore_errors=True)
 

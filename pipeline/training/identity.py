@@ -208,15 +208,11 @@ def code_digests(cache: Path = DIGEST_CACHE) -> dict[str, str]:
     return out
 
 
-def source_digest(path: Path) -> str:
-    """SHA-256 of the module's syntax tree without its string statements (docstrings of
-    modules, classes, functions and dataclass fields): a change to a comment, a docstring or
-    the layout of the code leaves it unchanged, a change to the code does not."""
-    return tree_digest(path.read_text())
-
-
 @functools.cache  # by the source itself: a forked worker finds its launcher's digests
 def tree_digest(source: str) -> str:
+    """SHA-256 of a module's syntax tree without its string statements (docstrings of
+    modules, classes, functions and dataclass fields): a change to a comment, a docstring or
+    the layout of the code leaves it unchanged, a change to the code does not."""
     tree = ast.parse(source)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)

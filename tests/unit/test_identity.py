@@ -21,8 +21,8 @@ from pipeline.training.identity import (
     read_digest_cache,
     run_identity,
     shapes,
-    source_digest,
     source_key,
+    tree_digest,
 )
 from pipeline.training.run_spec import resolve_run
 from support import REPO, code_deps, fresh_python
@@ -64,11 +64,11 @@ def identity(**changes) -> RunIdentity:
     return RunIdentity(**{**base, **changes})
 
 
-def test_the_source_digest_sees_code_not_comments_docstrings_or_layout(tmp_path):
+def test_the_tree_digest_sees_code_not_comments_docstrings_or_layout(tmp_path):
     def digest(text: str) -> str:
         path = tmp_path / "m.py"
         path.write_text(text)
-        return source_digest(path)
+        return tree_digest(path.read_text())
 
     plain = digest('def f(x):\n    """Half."""\n    return x / 2\n')
     assert digest('def f(x):\n    """Half of x."""\n    # why\n    return (x / 2)\n') == plain
@@ -157,7 +157,7 @@ def test_the_digest_cache_holds_the_real_digests(tmp_path):
     cache = tmp_path / "digests.json"
     digests = code_digests(cache)
     root = Path(identity_module.__file__).parents[2]
-    assert digests == {name: source_digest(root / name) for name in digests}
+    assert digests == {name: tree_digest((root / name).read_text()) for name in digests}
     keys = {source_key((root / name).read_text()): d for name, d in digests.items()}
     assert read_digest_cache(cache) == keys
 
