@@ -12,11 +12,11 @@ checkpoint file is written, before the checkpoint is committed), `end` (after tr
 before results are written).
 
 Actions: `kill` (the default) kills the process with SIGKILL (no cleanup, like an OOM kill or
-a lost node). `hold` prints one line, `fault: rank R holding before step S of epoch E ...`,
-and waits there until a SIGTERM has arrived (at `step`) or the `release` file exists: a test
-waits for that line and
-then acts (sends SIGTERM, kills a node, stops a server) at a known point of the run, instead
-of guessing where a running job is. A kill prints `fault: rank R killed ...` first.
+a lost node); it prints `fault: rank R killed ...` first. `raise` raises a RuntimeError there,
+as a bug in the training code would. `hold` prints one line, `fault: rank R holding before
+step S of epoch E ...`, and waits there until a SIGTERM has arrived (at `step`) or the
+`release` file exists: a test waits for that line and then acts (sends SIGTERM, kills a node,
+stops a server) at a known point of the run, instead of guessing where a running job is.
 
 Faults separated by `;` belong to torchrun's attempts in turn: the first to the first attempt,
 the second to the first restart, and so on (list them in the order training reaches them, as
@@ -41,7 +41,7 @@ from pipeline.errors import UserError
 
 ENV = "PARALLEL_LAB_FAULT"
 POINTS = ("start", "step", "eval", "checkpoint", "end")
-ACTIONS = ("kill", "hold")
+ACTIONS = ("kill", "hold", "raise")
 HOLD_POLL_S = 0.02
 
 
@@ -79,6 +79,8 @@ class Fault:
         if self.action == "kill":
             print(f"fault: rank {rank} killed {where}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.action == "raise":
+            raise RuntimeError(f"fault: rank {rank} raised {where}")
         print(
             f"fault: rank {rank} holding {where} until SIGTERM"
             f"{' or ' + self.release if self.release else ''}",

@@ -298,14 +298,27 @@ def run_agent(
         return FAILURE_EXIT, True, ""
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
+        error, trace = worker_error(failure.message)
+        if trace:  # the worker's own traceback, which its forked process had no way to print
+            print(trace.rstrip(), file=sys.stderr, flush=True)
         words = f"worker rank {rank} {exit_words(failure.exitcode)}"
-        return failure.exitcode or FAILURE_EXIT, False, words
+        return failure.exitcode or FAILURE_EXIT, False, words + (f" ({error})" if error else "")
     except RendezvousError as err:
         return FAILURE_EXIT, False, f"rendezvous failed ({first_line(err)})"
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return 0, False, ""
+
+
+def worker_error(message: Any) -> tuple[str, str]:
+    """A failed worker's exception as torchelastic recorded it (`ProcessFailure.message`: a
+    dict from the worker's error file, or words of torch's own where there was none) -> (its
+    last line, its traceback); empty where the worker left no exception (a signal, an exit)."""
+    if not isinstance(message, dict):
+        return "", ""
+    trace = str(message.get("extraInfo", {}).get("py_callstack", ""))
+    return first_line(str(message.get("message", ""))), trace
 
 
 def exit_words(code: int) -> str:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from pipeline.errors import STOPPED_EXIT
+from pipeline.errors import FAILURE_EXIT, STOPPED_EXIT
 from pipeline.results import read_history
 from pipeline.training.stop import VOTE_EVERY_STEPS
 from support import (
@@ -150,6 +150,29 @@ def test_a_crashed_stage_leaves_its_run_failed_until_a_rerun_finishes_it(fault_p
     (finished,) = mlflow_runs(uri)[1]
     assert finished.info.run_id == failed.info.run_id and finished.info.status == "FINISHED"
     assert final_state(project)[1] == ref_metrics
+
+
+def test_an_exception_in_a_worker_is_shown_with_its_traceback(fault_project):
+    """A forked worker's exception reaches torchelastic's error file, not the terminal: the
+    launcher prints the worker's traceback, then one line naming the rank and the error."""
+    project, _ = fault_project
+    reset(project)
+    crashed = run(
+        project,
+        "python",
+        "-m",
+        "pipeline.train",
+        "single",
+        check=False,
+        PARALLEL_LAB_FAULT="rank=0,point=start,action=raise",
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'raised.db'}",
+    )
+    error = "RuntimeError: fault: rank 0 raised at the start"
+    assert crashed.returncode == FAILURE_EXIT, crashed.stderr[-3000:]
+    trace = crashed.stderr[crashed.stderr.index("Traceback (most recent call last):") :]
+    assert "pipeline/training/faults.py" in trace and f"\n{error}\n" in trace
+    last = crashed.stderr.strip().splitlines()[-1]
+    assert last == f"launch[single]: worker rank 0 exited with code 1 ({error})"
 
 
 def test_only_the_strategys_own_section_and_hardware_decide_its_resume(fault_project):

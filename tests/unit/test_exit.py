@@ -16,7 +16,7 @@ from pipeline.errors import (
     Outcome,
 )
 from pipeline.tracking.relay import EVENTS_ENV
-from pipeline.training.launcher import read_outcome, stage_exit, workers_environment
+from pipeline.training.launcher import read_outcome, stage_exit, worker_error, workers_environment
 from pipeline.training.worker import comm_threads, left_threads_warning
 
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
@@ -151,3 +151,12 @@ def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
         assert os.environ["OMP_NUM_THREADS"] == "3"
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_a_workers_error_is_read_from_torchelastics_record_of_it():
+    trace = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad\n'
+    recorded = {"message": "ValueError: bad\nmore", "extraInfo": {"py_callstack": trace}}
+    assert worker_error(recorded) == ("ValueError: bad", trace)
+    # no error file (a signal, a plain exit): torch's own words, which name no error
+    assert worker_error("Signal 9 (SIGKILL) received by PID 7") == ("", "")
+    assert worker_error({"message": "ValueError: bad"}) == ("ValueError: bad", "")
