@@ -165,10 +165,8 @@ def nvidia_host(env: Mapping[str, str]) -> NvidiaHost:
 
 
 def visible_gpu_count() -> int:
-    """GPUs this process can see: NVML's count where NVML answers, which initialises no CUDA
-    in this process, so the workers can be forked from it (`workers_can_fork`).
-    torch.cuda.is_available() would ask the CUDA runtime (cuInit), and a CUDA driver
-    initialised before a fork fails in every child."""
+    """GPUs this process can see: NVML's count where NVML answers (torch.cuda.device_count()),
+    else the CUDA runtime's."""
     import torch
 
     return torch.cuda.device_count()
@@ -176,14 +174,14 @@ def visible_gpu_count() -> int:
 
 def workers_can_fork(gpus: list[str]) -> bool:
     """Whether the workers may be forked from this process (they then inherit its imports
-    instead of loading torch again): not where they will use CUDA and this process has
-    initialised it, or counted the GPUs through the CUDA runtime because NVML did not answer."""
-    if not gpus:
-        return True
-    import torch
-
-    # _device_count_nvml: the count device_count() took, -1 where NVML failed (torch 2.14)
-    return not torch.cuda.is_initialized() and torch.cuda._device_count_nvml() >= 0
+    instead of loading torch again): on the CPU only. torchrun's LaunchConfig asks
+    torch.accelerator.is_available(), which initialises the CUDA driver in this process
+    (cudaGetDeviceCount) unseen by torch.cuda.is_initialized(), and a worker forked after
+    that fails at its first CUDA call: 'CUDA error: initialization error' (an H200, torch
+    2.11). With torch asking NVML instead (PYTORCH_NVML_BASED_CUDA_CHECK=1) the forked
+    worker got past that and then made no progress for minutes. So on GPUs the workers are
+    spawned, as torchrun's own worker processes were started before (they import torch)."""
+    return not gpus
 
 
 def choose_devices(spec_text: str, env: Mapping[str, str]) -> list[str]:

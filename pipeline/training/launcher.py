@@ -5,8 +5,9 @@ processes.
 validated, the devices resolved and the outputs checked in this one process, so bad input
 fails fast with one line and exit code 2 instead of N tracebacks. Then this process becomes
 the job's elastic agent (what `torchrun` runs, as a library: rendezvous, restarts, signal
-handling, several nodes) and forks the workers, with the chosen GPUs as
-CUDA_VISIBLE_DEVICES; forked, they start with torch and the project already imported. A user
+handling, several nodes) and starts the workers, with the chosen GPUs as
+CUDA_VISIBLE_DEVICES. On the CPU it forks them, so they start with torch and the project
+already imported; on GPUs it spawns them (devices.workers_can_fork says why). A user
 error a worker finds later comes back the same way (one line, exit 2) through a file, and
 the run's writer says how it ended through another (`stage_exit`).
 """
@@ -62,7 +63,7 @@ from pipeline.training.topology import (
 )
 
 # how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
-# (the default, where CUDA allows) or spawn
+# (the default on the CPU) or spawn (on GPUs)
 START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
 # compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
@@ -318,7 +319,8 @@ def worker_error(message: Any) -> tuple[str, str]:
     if not isinstance(message, dict):
         return "", ""
     trace = str(message.get("extraInfo", {}).get("py_callstack", ""))
-    return first_line(str(message.get("message", ""))), trace
+    error = str(message.get("message", "")).strip()
+    return (error.splitlines() or [""])[0], trace
 
 
 def exit_words(code: int) -> str:

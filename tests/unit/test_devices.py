@@ -12,6 +12,7 @@ from pipeline.training.devices import (
     parse_devices,
     resolve_devices,
     unusable_gpus,
+    workers_can_fork,
 )
 
 
@@ -189,3 +190,11 @@ def test_the_context_knows_torchruns_restarts():
     ctx = DistContext.from_env(env)
     assert (ctx.rank, ctx.world_size, ctx.restart) == (1, 2, 3)
     assert DistContext.from_env({}).restart == 0
+
+
+def test_workers_are_forked_on_the_cpu_and_spawned_on_gpus():
+    """torchrun's LaunchConfig initialises CUDA in the launcher, which breaks a forked
+    worker's CUDA (seen on an H200): a GPU job spawns its workers, whatever the GPUs."""
+    assert workers_can_fork([])
+    assert not workers_can_fork(["0"])
+    assert not workers_can_fork(["0", "3"])
