@@ -72,6 +72,12 @@ def project_copy(dest: Path, mirror: Path) -> Path:
     return dest
 
 
+def project_path(project: Path) -> str:
+    """PYTHONPATH for a project copy's commands: the copy's code first, then what the caller
+    had there (make gpu-check's carried wheels, on a machine whose python lacks MLflow)."""
+    return os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))
+
+
 GIT_ENV = {
     **os.environ,
     **{f"GIT_{who}_{what}": "b" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL")},
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
         project = project_copy(Path(tmp) / "project", args.mirror)
         env = {
             **os.environ,
-            "PYTHONPATH": str(project),
+            "PYTHONPATH": project_path(project),
             "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
             # the stages' `python` is this one, as in an activated environment
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

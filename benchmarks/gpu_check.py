@@ -53,7 +53,7 @@ import yaml
 from torch import nn
 
 from benchmarks.bench import flops_per_image, machine, peak
-from benchmarks.e2e import project_copy
+from benchmarks.e2e import project_copy, project_path
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import DATA_DIR, FILES, TENSORS
 from pipeline.data.synthetic import write_synthetic
@@ -414,9 +414,7 @@ def main(argv: list[str] | None = None) -> dict:
             write_synthetic(mirror, size.train, size.test)
         project = project_copy(Path(tmp) / "project", mirror)
         uri = f"sqlite:///{project / 'mlflow.db'}"
-        # the project copy first; then whatever the caller added (make gpu-check's WHEELS)
-        path = os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, "MLFLOW_TRACKING_URI": uri}
+        env = {**os.environ, "PYTHONPATH": project_path(project), "MLFLOW_TRACKING_URI": uri}
         if args.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)

@@ -100,7 +100,7 @@ def medians(rounds: list[dict]) -> dict:
 
 
 def measure_size(size: tuple, runs: int, tmp: Path) -> list[dict]:
-    from benchmarks.e2e import project_copy
+    from benchmarks.e2e import project_copy, project_path
     from pipeline.data.synthetic import write_synthetic
 
     _, n_train, n_test, _, _ = size
@@ -112,7 +112,7 @@ def measure_size(size: tuple, runs: int, tmp: Path) -> list[dict]:
     shutil.copytree(Path(__file__).parent, project / "benchmarks", ignore=ignored)
     env = {
         **os.environ,
-        "PYTHONPATH": str(project),
+        "PYTHONPATH": project_path(project),
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
     }
     subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)

@@ -3,7 +3,9 @@ output, stamped as each line arrived) and each train stage's own process out of 
 pipeline/timeline.py marks. The timing itself is a benchmark's, run by hand (docs/performance.md,
 "End to end")."""
 
-from benchmarks.e2e import stage_seconds, train_process_seconds
+import os
+
+from benchmarks.e2e import project_path, stage_seconds, train_process_seconds
 
 
 def test_each_stage_runs_from_its_line_to_the_next():
@@ -34,3 +36,12 @@ def test_a_train_stage_process_runs_from_its_command_to_its_workers_end():
         ]
     )
     assert train_process_seconds(timeline) == [4.0, 2.5]
+
+
+def test_a_project_copys_commands_find_its_code_first_then_the_callers(monkeypatch, tmp_path):
+    """The benchmarks' stage commands keep what the caller put on PYTHONPATH (gpu-check's
+    carried wheels on a python without MLflow): the peer once dropped it."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert project_path(tmp_path) == str(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    assert project_path(tmp_path).split(os.pathsep) == [str(tmp_path), "/tmp/site"]
