@@ -8,10 +8,10 @@ from support import LEARNED, run
 
 
 def test_single_trains_and_writes_results(fetched_project):
-    """Also where its worker is spawned, not forked: the launcher forks its workers, but where
-    CUDA forbids that (initialised in the launcher, or GPUs counted without NVML) it spawns
-    them, each importing torch and the project anew and unpickling the launcher's config.
-    Both are the same run, bitwise on the CPU."""
+    """Also where its worker is spawned, not forked: the launcher forks its workers on the
+    CPU, but on GPUs it spawns them (CUDA breaks in a forked worker), each importing torch
+    and the project anew and unpickling the launcher's config. Both are the same run,
+    bitwise on the CPU."""
     project = fetched_project()
     run(project, "python", "-m", "pipeline.train", "single", PARALLEL_LAB_START_METHOD="spawn")
     spawned = torch.load(project / "results/single/model.pt", weights_only=True)
