@@ -16,6 +16,8 @@ output), else synthetic Fashion-MNIST-shaped IDX files whose class shows as a br
 device loader keeps either in GPU memory; time per step does not depend on pixel values).
 
 Checks, each PASS or FAIL in the output and the JSON:
+  stages            every stage trained: one that fails or outlives --stage-timeout (its
+                    process group stopped) is left out of the rest, and says how it failed
   replicas_bf16     the project's DataParallel wrappers (dp's and balanced_dp's) compute their
                     convolutions in the autocast dtype in every replica; on a GPU with 2
                     replicas on the one GPU where torch allows it (the output says if not)
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +72,10 @@ from pipeline.training.precision import auto_choice, gpu_capability
 REPO = Path(__file__).resolve().parents[1]
 HARDWARE_FIELDS = ("devices", "kind", "count", "precision", "torch", "cuda")
 EXPERIMENT = "gpu-check"  # every run's MLflow experiment, which mlflow_runs counts
+# A stage takes well under a minute on a GPU and seconds on the CPU at SIZES; one that hangs
+# (as a forked worker once did on an H200) is stopped, and the others still run
+STAGE_TIMEOUT_S = 600.0
+STOP_GRACE_S = 40.0  # after SIGTERM: the launcher's own grace for its workers is 30 s
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,7 @@ def check_runs(rows: dict[str, dict], expected: str, device: torch.device) -> li
     return [
         check(
             name,
-            all(good for _, good, _ in results),
+            bool(results) and all(good for _, good, _ in results),  # no run is no pass
             (f"expected {expected}; " if name == "precision_auto" else "")
             + "; ".join(text for _, _, text in results),
         )
@@ -245,7 +252,7 @@ def check_mlflow(uri: str, rows: dict[str, dict]) -> dict[str, Any]:
         ):
             problems.append(f"{row}: {run.info.status}, test_acc {acc}")
         owner.setdefault(run_id, row)
-    ok = not problems and len(runs) == len(rows)
+    ok = bool(rows) and not problems and len(runs) == len(rows)
     return check(
         "mlflow_runs",
         ok,
@@ -300,6 +307,7 @@ def render(result: dict) -> str:
             f"{busiest(r['train_peak_mib'])} | {busiest(r['eval_peak_mib'])} | "
             f"{r['stage_seconds']:.1f} |"
         )
+    lines += [f"failed: {row}: {text.splitlines()[0]}" for row, text in result["failures"].items()]
     passed = sum(c["ok"] for c in result["checks"])
     lines.append(f"checks: {passed}/{len(result['checks'])} passed")
     return "\n".join(lines)
@@ -333,12 +341,41 @@ def pinned_torch() -> str:
     return next(line.split("==")[1] for line in lock if line.startswith("torch=="))
 
 
-def train(project: Path, env: dict, strategy: str, overrides: list[str]) -> float:
+class StageFailed(Exception):
+    """A stage that exited non-zero or outlived its time: its row is left out, and said."""
+
+
+def run_stage(cmd: list[str], cwd: Path, env: dict, timeout_s: float) -> float:
+    """Run one stage command in a process group of its own; its wall seconds. Past
+    `timeout_s` the whole group (the launcher and its workers) gets SIGTERM, then SIGKILL
+    after STOP_GRACE_S, so a stage that hangs costs its own row, not the rest of the check."""
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "pipeline.train", strategy, *overrides]
-    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+        raise StageFailed(f"did not finish within {timeout_s:.0f} s: {err[-3000:]}") from None
+    finally:
+        try:  # whatever the stage left behind in its group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     if proc.returncode != 0:
-        raise RuntimeError(f"train {strategy} exited {proc.returncode}: {proc.stderr[-3000:]}")
+        raise StageFailed(f"exited {proc.returncode}: {err[-3000:]}")
     return time.perf_counter() - start
 
 
@@ -387,6 +424,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--strategies", nargs="*", default=list(NAMES), choices=NAMES)
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     parser.add_argument("--synthetic", action="store_true", help="even where real data is here")
+    parser.add_argument(
+        "--stage-timeout", type=float, default=STAGE_TIMEOUT_S, help="seconds a stage may take"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -408,6 +448,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     checks = [check_replicas(device)]
     rows: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}  # row -> how its stage failed
     with tempfile.TemporaryDirectory(prefix="parallel-lab-gpu-check-") as tmp:
         if mirror is None:
             mirror = Path(tmp) / "mirror"
@@ -421,7 +462,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"gpu-check: data: {data}", flush=True)
         tensors = torch.load(project / DATA_DIR / TENSORS, weights_only=True)
         for row, (strategy, overrides) in runs.items():
-            seconds = train(project, env, strategy, overrides)
+            cmd = [sys.executable, "-m", "pipeline.train", strategy, *overrides]
+            try:
+                seconds = run_stage(cmd, project, env, args.stage_timeout)
+            except StageFailed as err:
+                failures[row] = f"python -m pipeline.train {strategy} {err}"
+                print(f"gpu-check: {row}: FAILED, {failures[row]}", flush=True)
+                continue
             found = gather(project, strategy)
             precision = found["hardware"]["precision"]
             found["independent_test_acc"] = independent_accuracy(
@@ -430,6 +477,14 @@ def main(argv: list[str] | None = None) -> dict:
             found["stage_seconds"] = seconds
             rows[row] = found
             print(f"gpu-check: {row}: {seconds:.1f} s", flush=True)
+        checks.append(
+            check(
+                "stages",
+                not failures,
+                f"{len(rows)} of {len(runs)} trained"
+                + "".join(f"; {row} failed" for row in failures),
+            )
+        )
         checks += check_runs(rows, expected, device)
         checks.append(check_mlflow(uri, rows))
     table = measure(rows, size, device)
@@ -442,6 +497,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {"size": size.__dict__, "runs": {k: v[1] for k, v in runs.items()}},
         "checks": checks,
         "rows": table,
+        "failures": failures,
     }
     out = args.out or REPO / "benchmarks" / "results" / f"gpu-check-{label}-{result['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,14 @@ from support import LEARNED, REPO
 # pipeline_parallel (its stages in one process) take every path of the script; every
 # strategy's stage itself is tested by the every_strategy runs, so three keep this cheap
 RUN = ["single", "fsdp", "pipeline_parallel"]
-CHECKS = {"replicas_bf16", "precision_auto", "memory_peaks", "accuracy_is_model", "mlflow_runs"}
+CHECKS = {
+    "stages",
+    "replicas_bf16",
+    "precision_auto",
+    "memory_peaks",
+    "accuracy_is_model",
+    "mlflow_runs",
+}
 
 
 def machine_python(root: Path) -> tuple[str, str]:
@@ -44,9 +51,10 @@ def machine_python(root: Path) -> tuple[str, str]:
 
 
 def gpu_check(
-    *args: str, python: str = sys.executable, path: str = ""
+    *args: str, python: str = sys.executable, path: str = "", **extra: str
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    env.update(extra)
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [python, "-m", "benchmarks.gpu_check", *args]
     return subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=900)
@@ -85,3 +93,28 @@ def test_asking_for_a_gpu_where_there_is_none_is_one_line_and_exit_2():
         f"gpu-check: --device cuda, but torch {torch.__version__} sees no GPU; expected a "
         "CUDA GPU (or DEVICE=cpu for the tiny CPU run)"
     ]
+
+
+def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
+    """On the rare GPU hour one broken stage must not hide the rest: each stage that fails
+    (here every one, by a raised fault) is said with its error and left out, none of the
+    checks passes on no runs, and the exit is 1 with the JSON written."""
+    out = tmp_path / "gpu-check.json"
+    proc = gpu_check(
+        *("--device", "cpu", "--synthetic", "--strategies", "single", "pipeline_parallel"),
+        *("--out", str(out)),
+        PARALLEL_LAB_FAULT="rank=0,point=start,action=raise",
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    error = "RuntimeError: fault: rank 0 raised at the start"
+    assert set(result["failures"]) == {"single", "pipeline_parallel"}
+    for row, text in result["failures"].items():
+        assert text.startswith(f"python -m pipeline.train {row} exited 1: ") and error in text
+        assert f"gpu-check: {row}: FAILED, python -m pipeline.train {row} exited 1" in proc.stdout
+    passed = {c["check"] for c in result["checks"] if c["ok"]}
+    assert passed == {"replicas_bf16"}  # the one check that trains no stage
+    assert "gpu-check: FAIL stages: 0 of 2 trained; single failed; pipeline_parallel failed" in (
+        proc.stdout
+    )
+    assert result["rows"] == {}

@@ -4,9 +4,21 @@ path end to end: tests/e2e/test_gpu_check.py.)"""
 
 from __future__ import annotations
 
+import os
+import sys
+
+import psutil
+import pytest
 from mlflow.tracking import MlflowClient
 
-from benchmarks.gpu_check import EXPERIMENT, SIZES, check_mlflow, planned_runs
+from benchmarks.gpu_check import (
+    EXPERIMENT,
+    SIZES,
+    StageFailed,
+    check_mlflow,
+    planned_runs,
+    run_stage,
+)
 from pipeline.strategies import NAMES
 
 
@@ -68,3 +80,27 @@ def test_mlflow_runs_counts_each_stages_own_run_in_the_experiment(tmp_path, caps
     assert not result["ok"]
     assert result["detail"].endswith("; single_defaults: the run of single")
     assert "gpu-check: FAIL mlflow_runs:" in capsys.readouterr().out
+
+
+# a stage's shape: a process with a child of its own (the launcher and a worker) that never ends
+HANGS = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(600)
+"""
+
+
+def test_a_stage_past_its_time_is_stopped_with_its_whole_process_group(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    cmd = [sys.executable, "-c", HANGS, str(pid_file)]
+    with pytest.raises(StageFailed, match="did not finish within 10 s"):
+        run_stage(cmd, tmp_path, dict(os.environ), timeout_s=10)
+    worker = int(pid_file.read_text())  # written at once; 10 s is the stage's whole budget
+    assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie"
+
+
+def test_a_stage_that_exits_non_zero_says_its_code_and_error(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; sys.exit('broken here')"]
+    with pytest.raises(StageFailed, match="exited 1: broken here"):
+        run_stage(cmd, tmp_path, dict(os.environ), timeout_s=60)
