@@ -314,8 +314,9 @@ def run_agent(
 
 def worker_error(message: Any) -> tuple[str, str]:
     """A failed worker's exception as torchelastic recorded it (`ProcessFailure.message`: a
-    dict from the worker's error file, or words of torch's own where there was none) -> (its
-    last line, its traceback); empty where the worker left no exception (a signal, an exit)."""
+    dict from the worker's error file, or words of torch's own where there was none) ->
+    ('Type: message' in one line, the traceback); empty where the worker left no exception
+    (a signal, a plain exit)."""
     if not isinstance(message, dict):
         return "", ""
     trace = str(message.get("extraInfo", {}).get("py_callstack", ""))
