@@ -347,8 +347,8 @@ class StageFailed(Exception):
 
 def run_stage(cmd: list[str], cwd: Path, env: dict, timeout_s: float) -> float:
     """Run one stage command in a process group of its own; its wall seconds. Past
-    `timeout_s` the whole group (the launcher and its workers) gets SIGTERM, then SIGKILL
-    after STOP_GRACE_S, so a stage that hangs costs its own row, not the rest of the check."""
+    `timeout_s` the whole group is stopped (`stop_group`), so a stage that hangs costs its
+    own row, not the rest of the check."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd,
@@ -362,21 +362,31 @@ def run_stage(cmd: list[str], cwd: Path, env: dict, timeout_s: float) -> float:
     try:
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate()
+        err = stop_group(proc)
         raise StageFailed(f"did not finish within {timeout_s:.0f} s: {err[-3000:]}") from None
     finally:
-        try:  # whatever the stage left behind in its group
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(proc)  # whatever the stage left behind in its group
     if proc.returncode != 0:
         raise StageFailed(f"exited {proc.returncode}: {err[-3000:]}")
     return time.perf_counter() - start
+
+
+def stop_group(proc: subprocess.Popen) -> str:
+    """SIGTERM to the process group `proc` leads (the launcher and its workers), SIGKILL after
+    STOP_GRACE_S; what it wrote to stderr."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=STOP_GRACE_S)[1]
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        return proc.communicate()[1]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def gather(project: Path, strategy: str) -> dict[str, Any]:

@@ -64,12 +64,8 @@ def identity(**changes) -> RunIdentity:
     return RunIdentity(**{**base, **changes})
 
 
-def test_the_tree_digest_sees_code_not_comments_docstrings_or_layout(tmp_path):
-    def digest(text: str) -> str:
-        path = tmp_path / "m.py"
-        path.write_text(text)
-        return tree_digest(path.read_text())
-
+def test_the_tree_digest_sees_code_not_comments_docstrings_or_layout():
+    digest = tree_digest
     plain = digest('def f(x):\n    """Half."""\n    return x / 2\n')
     assert digest('def f(x):\n    """Half of x."""\n    # why\n    return (x / 2)\n') == plain
     assert digest('def f(x):\n    """Half."""\n    return x / 3\n') != plain
