@@ -172,16 +172,34 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def workers_can_fork(gpus: list[str]) -> bool:
+def workers_can_fork(gpus: list[str], driver_initialised: bool | None) -> bool:
     """Whether the workers may be forked from this process (they then inherit its imports
-    instead of loading torch again): on the CPU only. torchrun's LaunchConfig asks
-    torch.accelerator.is_available(), which initialises the CUDA driver in this process
-    (cudaGetDeviceCount) unseen by torch.cuda.is_initialized(), and a worker forked after
-    that fails at its first CUDA call: 'CUDA error: initialization error' (an H200, torch
-    2.11). With torch asking NVML instead (PYTORCH_NVML_BASED_CUDA_CHECK=1) the forked
-    worker got past that and then made no progress for minutes. So on GPUs the workers are
-    spawned, as torchrun's own worker processes were started before (they import torch)."""
-    return not gpus
+    instead of loading torch again): on the CPU always, on GPUs only while the CUDA driver
+    is known not to be initialised here (`cuda_driver_initialised`). A worker forked after
+    that fails at its first CUDA call, whatever torch.cuda.is_initialized() says: on an
+    H200 (torch 2.11), after torch.cuda.is_available() or torch.accelerator.is_available()
+    in the parent, but not after torch.cuda.device_count(), which asks NVML."""
+    return not gpus or driver_initialised is False
+
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def cuda_driver_initialised() -> bool | None:
+    """Whether cuInit has run in this process, asked without running it: the driver's
+    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until then. False where the driver
+    library is not even loaded; None where this cannot be asked."""
+    import ctypes
+    import os
+
+    if not hasattr(os, "RTLD_NOLOAD"):
+        return None
+    try:  # the library this process already has, never a fresh load
+        driver = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    return bool(driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED)
 
 
 def choose_devices(spec_text: str, env: Mapping[str, str]) -> list[str]:

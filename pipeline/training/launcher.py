@@ -6,8 +6,9 @@ validated, the devices resolved and the outputs checked in this one process, so 
 fails fast with one line and exit code 2 instead of N tracebacks. Then this process becomes
 the job's elastic agent (what `torchrun` runs, as a library: rendezvous, restarts, signal
 handling, several nodes) and starts the workers, with the chosen GPUs as
-CUDA_VISIBLE_DEVICES. On the CPU it forks them, so they start with torch and the project
-already imported; on GPUs it spawns them (devices.workers_can_fork says why). A user
+CUDA_VISIBLE_DEVICES. It forks them, so they start with torch and the project already
+imported, unless the CUDA driver was initialised here (devices.workers_can_fork): then it
+spawns them. A user
 error a worker finds later comes back the same way (one line, exit 2) through a file, and
 the run's writer says how it ended through another (`stage_exit`).
 """
@@ -48,7 +49,7 @@ from pipeline.tracking.relay import EVENTS_ENV, Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 from pipeline.training import one_node_rendezvous, worker
 from pipeline.training.checkpoint import Checkpointer
-from pipeline.training.devices import choose_devices, workers_can_fork
+from pipeline.training.devices import choose_devices, cuda_driver_initialised, workers_can_fork
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.final_model import model_source
@@ -65,6 +66,7 @@ from pipeline.training.topology import (
 # how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
 # (the default on the CPU) or spawn (on GPUs)
 START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
+NUMA_DECIDED: Any = object()  # launch_config's numa_options until it sets the one it decided
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
 # compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
 COMPILE_CACHE = Path(".cache/torch-compile")
@@ -130,12 +132,15 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
         tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
         workers_environment(gpus, nproc, Path(tmp), publisher.events) as files,
     ):
-        start = os.environ.get(START_METHOD_ENV) or ("fork" if workers_can_fork(gpus) else "spawn")
+        forks = workers_can_fork(gpus, cuda_driver_initialised())
+        start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
         if start == "fork":
             prepare_forks()
             warm_up()
         mark("agent")  # validated, torch and the project imported
-        code, signalled, failure = run_agent(settings, start, (name, worker_cfg))
+        code, signalled, failure = run_agent(
+            launch_config(settings, start, len(gpus)), (name, worker_cfg)
+        )
         mark("workers ended")
         problem = publisher.finish()
         if problem is not None:
@@ -270,9 +275,28 @@ def settle_run(name: str, status: str, log_model: bool, user_error: bool = False
         )
 
 
-def run_agent(
-    settings: dict[str, Any], start_method: str, args: tuple[Any, ...]
-) -> tuple[int, bool, str]:
+def launch_config(settings: dict[str, Any], start_method: str, gpus: int) -> Any:
+    """torchrun's LaunchConfig for `settings`, its NUMA binding decided as its own default
+    would decide it (the torch build's default options where the node's workers use all
+    `gpus`), but from the GPU count this launcher already has: LaunchConfig asks
+    torch.accelerator.is_available() instead, which loads the CUDA driver into this process,
+    and a worker forked after that cannot use CUDA."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    try:
+        from torch._utils_internal import get_default_numa_options
+    except ImportError:  # a torch from before NUMA binding (2.9), whose LaunchConfig asks nothing
+        return LaunchConfig(**settings, start_method=start_method)
+    numa = None
+    if gpus and gpus == settings["nproc_per_node"]:
+        numa = get_default_numa_options()
+    # LaunchConfig asks its question only when numa_options is None
+    config = LaunchConfig(**settings, start_method=start_method, numa_options=NUMA_DECIDED)
+    config.numa_options = numa
+    return config
+
+
+def run_agent(config: Any, args: tuple[Any, ...]) -> tuple[int, bool, str]:
     """Run torchrun's elastic agent in this process: it rendezvouses, starts the workers
     (`worker.entry(*args)`), restarts them after a failure (`checkpoint.max_restarts`) and,
     on SIGTERM/SIGINT, passes the signal on and waits for them (30 s, then SIGKILL). Forked,
@@ -282,14 +306,13 @@ def run_agent(
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     # The agent's log is torchrun's console chatter; a worker prints its own traceback and
     # the launcher the one line that matters.
     for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(logger).setLevel(logging.CRITICAL)
     one_node_rendezvous.register()
-    config = LaunchConfig(**settings, start_method=start_method)
     # the agent's handlers (raise SignalException) outlive it: a process that goes on after
     # the launch (the quickstart's) gets its own back
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}

@@ -8,6 +8,7 @@ from pipeline.training.devices import (
     DeviceSpec,
     NvidiaHost,
     choose_devices,
+    cuda_driver_initialised,
     parent_visible_ids,
     parse_devices,
     resolve_devices,
@@ -192,9 +193,21 @@ def test_the_context_knows_torchruns_restarts():
     assert DistContext.from_env({}).restart == 0
 
 
-def test_workers_are_forked_on_the_cpu_and_spawned_on_gpus():
-    """torchrun's LaunchConfig initialises CUDA in the launcher, which breaks a forked
-    worker's CUDA (seen on an H200): a GPU job spawns its workers, whatever the GPUs."""
-    assert workers_can_fork([])
-    assert not workers_can_fork(["0"])
-    assert not workers_can_fork(["0", "3"])
+def test_workers_are_forked_unless_the_cuda_driver_was_initialised_in_the_launcher():
+    """A worker forked after the launcher initialised the CUDA driver cannot use CUDA (seen
+    on an H200): a GPU job forks only where the driver is known not to be initialised."""
+    assert workers_can_fork([], None)
+    assert workers_can_fork([], True)
+    assert workers_can_fork(["0"], False)
+    assert workers_can_fork(["0", "3"], False)
+    assert not workers_can_fork(["0"], True)
+    assert not workers_can_fork(["0", "3"], None)  # no way to ask: spawned, never a guess
+
+
+def test_a_process_that_made_no_cuda_call_has_no_initialised_driver():
+    """Asking must not initialise it either: the answer stays the same when asked again."""
+    import torch
+
+    torch.cuda.device_count()  # NVML where it answers: the launcher counts GPUs this way
+    assert cuda_driver_initialised() is False
+    assert cuda_driver_initialised() is False

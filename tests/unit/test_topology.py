@@ -64,6 +64,29 @@ def test_the_settings_are_the_agents():
     LaunchConfig(**launch_settings(4, 3, topo), start_method="fork")  # every key is a field
 
 
+def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch):
+    """LaunchConfig would ask torch.accelerator.is_available() for its NUMA default, which
+    loads the CUDA driver and so rules out forking the workers: launch_config decides that
+    default from the launcher's own GPU count, as LaunchConfig would have."""
+    import torch
+    import torch._utils_internal
+
+    from pipeline.training.launcher import launch_config
+
+    def asked() -> bool:
+        raise AssertionError("torch.accelerator.is_available() was called")
+
+    monkeypatch.setattr(torch.accelerator, "is_available", asked)
+    build_default = object()
+    monkeypatch.setattr(torch._utils_internal, "get_default_numa_options", lambda: build_default)
+    one_node = resolve_topology(dist(), {}, "ddp")
+    config = launch_config(launch_settings(2, 0, one_node), "fork", gpus=2)
+    assert config.numa_options is build_default  # every GPU of the node has its worker
+    assert config.start_method == "fork" and config.nproc_per_node == 2
+    assert launch_config(launch_settings(2, 0, one_node), "fork", gpus=4).numa_options is None
+    assert launch_config(launch_settings(2, 0, one_node), "spawn", gpus=0).numa_options is None
+
+
 def test_environment_wins_over_params():
     params = dist(nnodes=4, node_rank=0, rdzv_endpoint="params-host:1", rdzv_id="p")
     env = {
