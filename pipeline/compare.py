@@ -6,7 +6,8 @@ and the plots in one self-contained page), summary.md, summary.json (the DVC met
 accuracy, samples/s, seconds and peak MiB by strategy), comparison.json (every column),
 recommendation.json, mlflow_url.txt, accuracy.csv, loss.csv and throughput.csv (DVC plots) and
 four PNGs. In MLflow it groups this repro's strategy runs under a parent run "comparison" that
-holds the report, and registers the recommended strategies' logged models as versions of the
+holds the report, logs each strategy's final model as its run's MLflow model
+(`mlflow.log_model`), and registers the recommended strategies' models as versions of the
 registered model named after the experiment, with aliases (models:/<experiment>@recommended).
 Prints the recommendation and a short table, every line within 120 characters.
 """
@@ -29,7 +30,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     # as train and publish do: a URI that can never work is bad input, not an outage whose
     # report would quietly lose its MLflow links
     check_tracking_uri(tracking_uri())
-    print(write_report(cfg.strategies, cfg.report, cfg.mlflow), end="")
+    # the final models are logged here (torch loaded only for them), as publish does
+    from pipeline.training.final_model import model_source
+
+    model_of = model_source if cfg.mlflow.log_model else None
+    print(write_report(cfg.strategies, cfg.report, cfg.mlflow, model_of), end="")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections.abc import Mapping
@@ -31,10 +30,9 @@ import yaml
 from pipeline.cli import exit_code, parse_args
 from pipeline.config import Config, load_config, to_yaml
 from pipeline.errors import exit_on_user_error
-from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD
+from pipeline.results import CHECKPOINTS, RUN_RECORD
 from pipeline.strategies import NAMES, check_strategy, own_params
 from pipeline.timeline import mark
-from pipeline.tracking.mlflow_run import ModelSource
 from pipeline.tracking.relay import PUBLISHER_SLACK_S, Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
@@ -73,19 +71,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     # the stage's MLflow side, a process of its own (pipeline/tracking/relay.py), started
     # before torch is imported here
     record = CHECKPOINTS / args.strategy / RUN_RECORD
-    model = functools.partial(final_model, args.strategy) if cfg.mlflow.log_model else None
-    with Publisher(record, model, cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S) as publisher:
+    with Publisher(record, cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S) as publisher:
         from pipeline.training import launcher
 
         code = launcher.launch(args.strategy, cfg, args.overrides, publisher)
     sys.exit(code)
-
-
-def final_model(strategy: str) -> ModelSource:
-    """results/<strategy>/'s final model for MLflow, its code (torch's) loaded only then."""
-    from pipeline.training.final_model import model_source
-
-    return model_source(RESULTS / strategy)
 
 
 if __name__ == "__main__":

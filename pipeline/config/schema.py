@@ -285,8 +285,10 @@ class MlflowConfig:
     period)."""
     log_model: bool = True
     """Log each strategy's final model as an MLflow model (mlflow.pytorch, with a signature
-    and an input example; the compare stage registers the recommended one). It costs a few
-    seconds a stage; false leaves model.pt as the run's only copy of the weights."""
+    and an input example), by the compare stage for every strategy at once, which then
+    registers the recommended one, and by `python -m pipeline.publish` where one is still
+    missing. It costs the compare stage a few seconds; false leaves model.pt as the run's
+    only copy of the weights."""
     log_every_steps: Optional[int] = field(default=50, metadata=_min(0))
     """Log step_train_loss (the mean loss of the writer rank's samples since the last point
     or the epoch's start) and step_samples_per_s every N optimizer steps of the run, at MLflow

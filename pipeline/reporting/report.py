@@ -18,6 +18,7 @@ reports/:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from pipeline.tracking.comparison_run import (
     seed_accuracies,
     set_aliases,
 )
-from pipeline.tracking.kept_runs import current_run_id
+from pipeline.tracking.kept_runs import current_run_id, log_final_models
+from pipeline.tracking.mlflow_run import ModelSource
 from pipeline.tracking.provenance import base_tags
 
 REPORTS = Path("reports")
@@ -64,9 +66,15 @@ REPORT_FILES = (
 MLFLOW_URL = "mlflow_url.txt"
 
 
-def write_report(names: list[str], report: ReportConfig, mlflow_options: MlflowConfig) -> str:
-    """Write reports/ for the strategies `names`, group their runs in MLflow and register the
-    recommended strategies' models; returns what the stage prints: the answer and a table
+def write_report(
+    names: list[str],
+    report: ReportConfig,
+    mlflow_options: MlflowConfig,
+    model_of: Callable[[Path], ModelSource] | None = None,
+) -> str:
+    """Write reports/ for the strategies `names`, group their runs in MLflow, log their final
+    models (`model_of` results/<strategy>/, where given) and register the recommended
+    strategies'; returns what the stage prints: the answer and a table
     that fit a terminal (table.TEXT_WIDTH), and where the report and the MLflow page are."""
     check_names(names)
     target = report.target_accuracy
@@ -86,6 +94,8 @@ def write_report(names: list[str], report: ReportConfig, mlflow_options: MlflowC
     # the noise estimate: each strategy's seed sweep among the runs in MLflow, if any
     seeds = {r["strategy"]: seed_accuracies(r["mlflow_run_id"]) for r in rows} if mlflow else {}
     answered = answer.recommend(rows, target, seeds)
+    if mlflow is not None and model_of is not None:  # what `register` registers
+        log_final_models([r["strategy"] for r in rows if r["mlflow_run_id"]], model_of)
     registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)
 
     REPORTS.mkdir(exist_ok=True)  # once every input has been read: a refusal makes none

@@ -1,4 +1,5 @@
-"""Pushing to MLflow what the train stages kept locally while the tracking server was away.
+"""Pushing to MLflow what the train stages kept locally while the tracking server was away,
+and the final models, which the compare and publish stages log (`log_final_models`).
 
 Each writer keeps its run's identity, params, tags and status in checkpoints/<strategy>/run.json
 and its per-epoch history in the checkpoint record (latest.json); `publish_strategy` hands them
@@ -9,11 +10,12 @@ to the same run (the same fingerprint): anything else is refused, never mixed.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from pipeline.errors import UserError
+from pipeline.errors import UserError, first_line
 from pipeline.results import (
     ARTIFACTS,
     CHECKPOINT_RECORD,
@@ -79,6 +81,23 @@ def publish_strategy(
         else ""
     )
     return f"{name}: run {record['run_id']} has {len(history)} epoch(s), {record['status']}{stale}"
+
+
+def log_final_models(names: list[str], model_of: Callable[[Path], ModelSource]) -> None:
+    """Each strategy's final model (`model_of` its results/<strategy>/) as its run's MLflow
+    model, where it has none yet: in one process for every strategy (torch's and MLflow's
+    model code load once), not in each train stage, where they would cost seconds after its
+    last epoch. A strategy whose model cannot be logged says why in a warning; the others
+    still go."""
+    for name in names:
+        try:
+            publish_strategy(name, model_of=model_of)
+        except Exception as err:  # noqa: BLE001 - its registration then says it has no model
+            print(
+                f"warning: MLflow model of {name} not logged ({first_line(err)})",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def current_run_id(name: str, fingerprint: str | None) -> str | None:

@@ -1,8 +1,9 @@
 """MLflow's code loaded ahead of its first use, where a process has time to spare: the
-quickstart's process before it forks its stages' workers (each inherits it instead of loading
-its own), and a writer's background thread while training runs (the final push at the end of
-the stage then only logs). Measured on 2 CPU cores: the SQLAlchemy store's modules take 0.8 s,
-the final model's code 0.9 s (docs/performance.md, "A train stage's fixed cost")."""
+quickstart's process before it forks its stages' workers and publishers (each inherits it
+instead of loading its own; its compare step logs the final models), and a stage's publisher
+while the launcher imports torch. Measured on 2 CPU cores: the SQLAlchemy store's modules
+take 0.8 s, the final model's code 0.9 s (docs/performance.md, "A train stage's fixed
+cost")."""
 
 from __future__ import annotations
 

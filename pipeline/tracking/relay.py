@@ -5,7 +5,9 @@ so that MLflow's imports run beside the launcher's; the run's writer hands it ea
 the run (`Relay`: opened, an epoch, a few step metrics, the final push, closed) as one line of
 JSON appended to a file, and the publisher replays them on the writer's `Tracker`
 (mlflow_run.py), which does what it always did: run.json, the idempotent pushes, system
-metrics, the logged model. So a training process never imports MLflow, never shares its
+metrics. (The final model is logged by the compare and publish stages, which load torch and
+MLflow's model code once for every strategy: here they would cost a stage on 2 CPU cores
+3.5 s of imports after its last epoch.) So a training process never imports MLflow, never shares its
 interpreter's lock with MLflow's threads and never waits for the server: on 2 CPU cores a
 tiny stage's first epoch took 3.7 s with MLflow in the writer against 0.8 s without, and the
 whole stage 12 s against 9.5 s (docs/performance.md, "A train stage's fixed cost").
@@ -36,8 +38,8 @@ from types import FrameType
 from typing import Any, Optional
 
 from pipeline.results import EpochRow
-from pipeline.tracking.mlflow_run import ModelSource, Tracker, read_record
-from pipeline.tracking.preload import client_code, final_model_code
+from pipeline.tracking.mlflow_run import Tracker, read_record
+from pipeline.tracking.preload import client_code
 from pipeline.tracking.store import tracking_uri
 
 EVENTS_ENV = "PARALLEL_LAB_RUN_EVENTS"  # the file a worker's writer appends the run's events to
@@ -54,15 +56,13 @@ PUBLISHER_SLACK_S = 120.0
 class Opening:
     """What opens a writer's MLflow run: the record it would have were it new
     (mlflow_run.new_record), whether it trains from its first step, the epochs a resumed run
-    already has, the system metrics' interval (None: off) and GPUs, and whether to load the
-    final model's code while it trains (it will log one)."""
+    already has, and the system metrics' interval (None: off) and GPUs."""
 
     new: dict[str, Any]
     fresh: bool
     history: list[EpochRow]
     system_metrics_s: Optional[float]
     gpu_uuids: Optional[dict[str, str]]
-    preload_model: bool
 
     def to_event(self) -> dict[str, Any]:
         return {
@@ -72,7 +72,6 @@ class Opening:
             "history": [r.to_record() for r in self.history],
             "system_metrics_s": self.system_metrics_s,
             "gpu_uuids": self.gpu_uuids,
-            "preload_model": self.preload_model,
         }
 
     @classmethod
@@ -83,7 +82,6 @@ class Opening:
             rows(event["history"]),
             event["system_metrics_s"],
             event["gpu_uuids"],
-            event["preload_model"],
         )
 
 
@@ -99,9 +97,6 @@ def open_tracker(record_path: Path, opening: Opening) -> Tracker:
     def then() -> None:  # on the open's background thread, once the run is open
         resume = bool(opening.history)
         tracker.start_system_metrics(opening.system_metrics_s, opening.gpu_uuids, resume)
-        if opening.preload_model:  # while training runs, not between its end and exit
-            with contextlib.suppress(Exception):  # the final push reports its own failure
-                final_model_code()
 
     tracker.open_soon(opening.history, then)
     return tracker
@@ -140,11 +135,9 @@ class Relay:
         status: Optional[str] = None,
         wait_s: float = 0.0,
         give_up: Callable[[], bool] = lambda: False,
-        model: Optional[ModelSource] = None,
     ) -> bool:
-        """Hand over the push; `model`, when given, is logged from results/ by the publisher
-        (the launcher knows where), and `give_up` is asked now: a stop requested by then makes
-        the publisher's push one attempt. True: handed over."""
+        """Hand over the push; `give_up` is asked now: a stop requested by then makes the
+        publisher's push one attempt. True: handed over."""
         event = {
             "event": "publish",
             "history": [r.to_record() for r in history],
@@ -152,7 +145,6 @@ class Relay:
             "status": status,
             "wait_s": wait_s,
             "give_up": give_up(),
-            "model": model is not None,
         }
         append_event(self.events, event)
         return True
@@ -176,16 +168,10 @@ def read_events(events: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 class Replay:
     """The publisher's side: the writer's events, replayed on its Tracker in order."""
 
-    def __init__(
-        self,
-        record_path: Path,
-        model_of: Callable[[], ModelSource] | None,
-        stop: threading.Event,
-    ):
-        """`model_of`: the run's final model, from its results (None: the stage logs none);
-        `stop`: a stop was requested (a SIGTERM), so the final push makes one attempt
+    def __init__(self, record_path: Path, stop: threading.Event):
+        """`stop`: a stop was requested (a SIGTERM), so the final push makes one attempt
         instead of waiting."""
-        self.record_path, self.model_of, self.stop = record_path, model_of, stop
+        self.record_path, self.stop = record_path, stop
         self.tracker: Tracker | None = None
 
     def apply(self, event: dict[str, Any]) -> None:
@@ -203,15 +189,12 @@ class Replay:
             tracker.log_steps_soon(event["step"], event["metrics"], event["at"])
         elif kind == "publish":
             given_up = event["give_up"]
-            if event["model"] and self.model_of:
-                torch_single_threaded()
             tracker.publish(
                 rows(event["history"]),
                 [Path(p) for p in event["artifacts"]],
                 status=event["status"],
                 wait_s=event["wait_s"],
                 give_up=lambda: given_up or self.stop.is_set(),
-                model=self.model_of() if event["model"] and self.model_of else None,
             )
         elif kind == "close":
             tracker.close()
@@ -225,12 +208,7 @@ class Replay:
 END = {"event": "end"}  # the launcher's, once every worker has exited
 
 
-def publisher_main(
-    events: Path,
-    record_path: Path,
-    model_of: Callable[[], ModelSource] | None,
-    parent: int,
-) -> None:
+def publisher_main(events: Path, record_path: Path, parent: int) -> None:
     """The publisher process: below the workers in priority, and stopped by a SIGTERM or
     SIGINT only in its waits: what the writer handed over is still pushed, one try each."""
     stop = threading.Event()
@@ -249,20 +227,10 @@ def publisher_main(
         # now, while the launcher imports torch on another core (its start is one thread)
         with contextlib.suppress(Exception):  # a broken MLflow says so at its first push
             client_code(tracking_uri())
-            if model_of is not None:  # the stage logs its model
-                final_model_code()
-        publish_events(events, Replay(record_path, model_of, stop), parent)
+        publish_events(events, Replay(record_path, stop), parent)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-
-
-def torch_single_threaded() -> None:
-    """Before the publisher's first torch op (the logged model's forward and export): the
-    workers have the cores."""
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def publish_events(events: Path, replay: Replay, parent: int) -> None:
@@ -289,14 +257,11 @@ def publish_events(events: Path, replay: Replay, parent: int) -> None:
 class Publisher:
     """The stage's publisher process, from the launcher's side."""
 
-    def __init__(
-        self, record_path: Path, model_of: Callable[[], ModelSource] | None, bound_s: float
-    ):
+    def __init__(self, record_path: Path, bound_s: float):
         """Fork it now, before the launcher imports torch and starts the workers: its own
         imports (MLflow's, 2 s of CPU) then take a core that the launcher's one-thread start
         leaves idle, and the launcher never forks while a thread of its own is busy. CUDA is
-        never touched in it. `model_of`: the run's final model once trained (None: the stage
-        logs none); `bound_s`: how long `finish` waits for it at most."""
+        never touched in it. `bound_s`: how long `finish` waits for it at most."""
         self._dir = Path(tempfile.mkdtemp(prefix="parallel-lab-mlflow-"))
         self.events = self._dir / "events.jsonl"
         self.events.touch()
@@ -305,7 +270,7 @@ class Publisher:
         context = multiprocessing.get_context("fork")
         self.process = context.Process(
             target=publisher_main,
-            args=(self.events, record_path, model_of, os.getpid()),
+            args=(self.events, record_path, os.getpid()),
             name="mlflow-publisher",
         )
         # a stop signal waits until the child has its own handlers (publisher_main)

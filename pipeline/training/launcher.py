@@ -52,7 +52,6 @@ from pipeline.training.checkpoint import Checkpointer
 from pipeline.training.devices import choose_devices, cuda_driver_initialised, workers_can_fork
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
-from pipeline.training.final_model import model_source
 from pipeline.training.identity import code_digests
 from pipeline.training.run_spec import resolve_run
 from pipeline.training.topology import (
@@ -158,7 +157,7 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
         # a stop someone asked for that came before a checkpoint, or a failure (the agent also
         # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
         status = KILLED if signalled else FAILED
-        settle_run(name, status, cfg.mlflow.log_model, user_error=bool(user_error))
+        settle_run(name, status, user_error=bool(user_error))
     if user_error:
         print(f"error: {user_error}", file=sys.stderr, flush=True)
     elif failure:
@@ -254,7 +253,7 @@ def unsaved_stop_hint(name: str, at: tuple[int, int] | None) -> str:
     )
 
 
-def settle_run(name: str, status: str, log_model: bool, user_error: bool = False) -> None:
+def settle_run(name: str, status: str, user_error: bool = False) -> None:
     """Record how the stage's MLflow run ended when its workers could not say it themselves
     (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
     and `python -m pipeline.publish` delivers it later. After a worker's `user_error` only a
@@ -264,7 +263,7 @@ def settle_run(name: str, status: str, log_model: bool, user_error: bool = False
     try:
         if user_error and read_record(CHECKPOINTS / name / RUN_RECORD).get("status") != RUNNING:
             return
-        publish_strategy(name, ended=status, model_of=model_source if log_model else None)
+        publish_strategy(name, ended=status)
     except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
         if user_error:
             return

@@ -40,7 +40,6 @@ from pipeline.tracking.relay import Opening, Relay, open_tracker
 from pipeline.training.build import Training
 from pipeline.training.checkpoint import Position
 from pipeline.training.checkpoint_policy import Progress
-from pipeline.training.final_model import model_source
 from pipeline.training.run_spec import RunSpec
 
 
@@ -82,7 +81,6 @@ class RunRecorder:
         self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
         self.key, self.history = key, progress.history
         self.epochs, self.final_wait_s = spec.train.epochs, spec.mlflow.final_sync_wait_s
-        self.log_model = spec.mlflow.log_model
         self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
         self.writer = training.run.writer
         self.say = writer_log(self.name, self.writer)
@@ -128,7 +126,6 @@ class RunRecorder:
             list(self.history),
             spec.report.system_metrics_interval_s if trains else None,
             gpu_uuids(gpus),
-            preload_model=self.log_model and trains,
         )
         for note in self.notes:
             self.say(f"note: {note}")
@@ -184,8 +181,6 @@ class RunRecorder:
                 status=FINISHED,
                 wait_s=self.final_wait_s,
                 give_up=stopping,
-                # model.pt as an MLflow model, logged once
-                model=model_source(out_dir) if self.log_model else None,
             )
         return summary
 

@@ -27,7 +27,7 @@ STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports 
     "fetch": ("pipeline.fetch", ()),
     # and, train@X, the module of strategy X (strategies.get)
     "train": ("pipeline.train", ("pipeline.training.launcher", "pipeline.training.worker")),
-    "compare": ("pipeline.compare", ()),
+    "compare": ("pipeline.compare", ("pipeline.training.final_model",)),
 }
 STAGES = ["fetch", *(f"train@{name}" for name in strategies.NAMES), "compare"]
 COMMANDS = [

@@ -87,7 +87,7 @@ def test_the_launcher_marks_a_run_a_user_error_left_running(store):
     """A torchrun restart that met bad input before its workers reopened the run: nobody
     ended it, so the launcher does."""
     write_run_record(RUNNING)
-    settle_run("single", FAILED, log_model=False, user_error=True)
+    settle_run("single", FAILED, user_error=True)
     assert json.loads((CHECKPOINTS / "single" / RUN_RECORD).read_text())["status"] == FAILED
     assert statuses(store) == [FAILED]
 
@@ -96,7 +96,7 @@ def test_a_refused_stage_leaves_an_earlier_run_as_it_ended(store):
     """A run stopped at a checkpoint (KILLED, to be resumed) is not made FAILED by a later
     stage that bad input stopped before it reopened the run; MLflow is not even asked."""
     write_run_record(KILLED)
-    settle_run("single", FAILED, log_model=False, user_error=True)
+    settle_run("single", FAILED, user_error=True)
     assert json.loads((CHECKPOINTS / "single" / RUN_RECORD).read_text())["status"] == KILLED
     assert statuses(store) == []
 
@@ -108,7 +108,7 @@ def test_a_run_that_died_before_its_first_checkpoint_beside_an_older_one(store):
     write_run_record(RUNNING)
     older = {"fingerprint": "older", "epoch": 1, "step": 0, "history": [], "world_size": 1}
     (CHECKPOINTS / "single" / CHECKPOINT_RECORD).write_text(json.dumps(older))
-    settle_run("single", FAILED, log_model=False)
+    settle_run("single", FAILED)
     assert statuses(store) == [FAILED]
     run_id = json.loads((CHECKPOINTS / "single" / RUN_RECORD).read_text())["run_id"]
     assert store.get_metric_history(run_id, "test_acc") == []

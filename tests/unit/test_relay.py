@@ -32,7 +32,7 @@ def epoch(n: int) -> EpochRow:
 
 def opening(history: list[EpochRow] = (), fresh: bool = True) -> Opening:
     new = new_record("f", "tests", "ddp", {"strategy": "ddp"}, {"lr": 0.1})
-    return Opening(new, fresh, list(history), None, None, preload_model=False)
+    return Opening(new, fresh, list(history), None, None)
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def store(tmp_path, monkeypatch) -> str:
 
 
 def replay_all(events, record_path) -> Replay:
-    replay = Replay(record_path, model_of=no_model, stop=threading.Event())
+    replay = Replay(record_path, stop=threading.Event())
     batch, _ = read_events(events, 0)
     for event in batch:
         replay.apply(event)
@@ -106,13 +106,9 @@ def test_a_restarted_writer_goes_on_with_the_same_run(tmp_path, store):
     assert len(runs) == 1 and runs[0].info.status == FINISHED
 
 
-def no_model():
-    pytest.fail("no model was asked for")
-
-
 def test_the_publisher_process_pushes_everything_before_the_launcher_goes_on(tmp_path, store):
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, no_model, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900) as publisher:
         relay = Relay(publisher.events, record_path, opening())
         relay.publish([epoch(1)], [], status=FINISHED)
         relay.close()
@@ -124,14 +120,14 @@ def test_the_publisher_process_pushes_everything_before_the_launcher_goes_on(tmp
 
 def test_a_stage_refused_before_its_workers_stops_its_publisher_at_once(tmp_path, store):
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, no_model, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900) as publisher:
         pass  # as when the launcher refuses the stage: nothing was handed over
     assert publisher.process.exitcode is not None and not record_path.exists()
 
 
 def test_a_publisher_that_died_is_said_so(tmp_path, store):
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, no_model, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900) as publisher:
         Relay(publisher.events, record_path, opening())
         publisher.process.kill()  # as the OOM killer would
         assert publisher.finish() == "its publisher exited with -9"
@@ -143,7 +139,7 @@ def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeyp
     run stays kept locally for `python -m pipeline.publish`."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, no_model, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900) as publisher:
         relay = Relay(publisher.events, record_path, opening())
         wait_for(record_path.exists, 120, "the publisher to replay the opening")  # it runs
         os.kill(publisher.process.pid, signal.SIGTERM)
@@ -156,7 +152,7 @@ def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeyp
 def test_a_stop_the_writer_saw_makes_the_final_push_one_try(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, no_model, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900) as publisher:
         relay = Relay(publisher.events, record_path, opening())
         relay.publish([epoch(1)], [], status=FINISHED, wait_s=900, give_up=lambda: True)
         assert publisher.finish() is None and publisher.process.exitcode == 0
@@ -166,7 +162,7 @@ def test_a_stop_the_writer_saw_makes_the_final_push_one_try(tmp_path, monkeypatc
 def test_a_publisher_whose_launcher_is_gone_replays_what_came_and_ends(tmp_path, store):
     events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
     Relay(events, record_path, opening()).publish_soon([epoch(1)])
-    replay = Replay(record_path, no_model, threading.Event())
+    replay = Replay(record_path, threading.Event())
     publish_events(events, replay, parent=-1)  # not this process's parent: the launcher died
     assert replay.tracker is None  # its threads ended
     # the run is open in MLflow, as the writer left it; its epochs are on disk (the
@@ -179,5 +175,5 @@ def test_nothing_after_the_launchers_end_is_replayed(tmp_path, store):
     events, record_path = tmp_path / "events.jsonl", tmp_path / "run.json"
     append_event(events, END)
     Relay(events, record_path, opening())  # too late: no worker writes after the end
-    publish_events(events, Replay(record_path, no_model, threading.Event()), os.getppid())
+    publish_events(events, Replay(record_path, threading.Event()), os.getppid())
     assert not record_path.exists()
