@@ -6,9 +6,9 @@ its last, against the training itself.
     python -m benchmarks.startup --quickstart 3          # and 3 whole quickstarts
 
 Each run is `python -m pipeline.train STRATEGY` on a tiny configuration (width 8, 512
-synthetic images, 2 epochs; the rest as params.yaml has it: the model logged to MLflow, system
-and step metrics) in a throw-away project copy with an MLflow store that already exists, as
-on a user's second stage. The stage marks its phases (pipeline/timeline.py); the
+synthetic images, 2 epochs; the rest as params.yaml has it: system and step metrics; the
+compare stage, not this one, logs the model) in a throw-away project copy with an MLflow
+store that already exists, as on a user's second stage. The stage marks its phases (pipeline/timeline.py); the
 runs alternate between the two ways the launcher starts workers, forked (the default: they
 inherit its imports) and spawned (each imports torch and the project again: the fallback, and
 what a torchrun subprocess cost), so the two are compared in one sitting. The JSON

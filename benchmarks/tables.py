@@ -245,7 +245,7 @@ def startup_block(path: Path) -> list[str]:
             f"cores, torch {info['torch']}; medians of {result['settings']['runs']} runs of "
             "each strategy and start method (forked, spawned), each `python -m pipeline.train "
             f"STRATEGY {' '.join(result['settings']['overrides'])}`, params.yaml's defaults "
-            "otherwise (the model logged to MLflow, system and step metrics)."
+            "otherwise (system and step metrics; the compare stage logs the model)."
         ),
         "",
         startup_table(result),
