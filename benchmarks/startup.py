@@ -8,14 +8,15 @@ its last, against the training itself.
 Each run is `python -m pipeline.train STRATEGY` on a tiny configuration (width 8, 512
 synthetic images, 2 epochs; the rest as params.yaml has it: system and step metrics; the
 compare stage, not this one, logs the model) in a throw-away project copy with an MLflow
-store that already exists, as on a user's second stage. The stage marks its phases (pipeline/timeline.py); the
-runs alternate between the two ways the launcher starts workers, forked (the default: they
-inherit its imports) and spawned (each imports torch and the project again: the fallback, and
-what a torchrun subprocess cost), so the two are compared in one sitting. The JSON
-(benchmarks/results/<machine>-startup-<date>.json unless --out) holds every run's marks and
-the median of each phase. `--quickstart N` also times N whole `python -m pipeline.quickstart`
-runs on the 600 synthetic images, each from a new project state (no results, no MLflow store),
-as a user's first: the wall time and the seconds of each of its steps.
+store that already exists, as on a user's second stage. The stage marks its phases
+(pipeline/timeline.py); the runs alternate between the two ways the launcher starts workers,
+forked (the default: they inherit its imports) and spawned (each imports torch and the
+project again: the fallback, and what a torchrun subprocess cost), so the two are compared
+in one sitting. The JSON (benchmarks/results/<machine>-startup-<date>.json unless --out)
+holds every run's marks and the median of each phase. `--quickstart N` also times N whole
+`python -m pipeline.quickstart` runs on the 600 synthetic images, each from a new project
+state (no results, no MLflow store), as a user's first: the wall time and the seconds of
+each of its steps.
 """
 
 from __future__ import annotations
