@@ -8,9 +8,8 @@ the job's elastic agent (what `torchrun` runs, as a library: rendezvous, restart
 handling, several nodes) and starts the workers, with the chosen GPUs as
 CUDA_VISIBLE_DEVICES. It forks them, so they start with torch and the project already
 imported, unless the CUDA driver was initialised here (devices.workers_can_fork): then it
-spawns them. A user
-error a worker finds later comes back the same way (one line, exit 2) through a file, and
-the run's writer says how it ended through another (`stage_exit`).
+spawns them. A user error a worker finds later comes back the same way (one line, exit 2)
+through a file, and the run's writer says how it ended through another (`stage_exit`).
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ from pipeline.training.topology import (
 )
 
 # how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
-# (the default on the CPU) or spawn (on GPUs)
+# (the default) or spawn (where the CUDA driver was initialised in the launcher)
 START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
 NUMA_DECIDED: Any = object()  # launch_config's numa_options until it sets the one it decided
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
@@ -278,8 +277,8 @@ def launch_config(settings: dict[str, Any], start_method: str, gpus: int) -> Any
     """torchrun's LaunchConfig for `settings`, its NUMA binding decided as its own default
     would decide it (the torch build's default options where the node's workers use all
     `gpus`), but from the GPU count this launcher already has: LaunchConfig asks
-    torch.accelerator.is_available() instead, which loads the CUDA driver into this process,
-    and a worker forked after that cannot use CUDA."""
+    torch.accelerator.is_available() instead, which initialises the CUDA driver in this
+    process, and a worker forked after that cannot use CUDA."""
     from torch.distributed.launcher.api import LaunchConfig
 
     try:
