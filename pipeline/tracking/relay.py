@@ -1,16 +1,17 @@
 """A train stage's MLflow run, published by a process of its own beside the workers.
 
-`python -m pipeline.train` forks the stage's publisher (`Publisher`) before it imports torch,
-so that MLflow's imports run beside the launcher's; the run's writer hands it each event of
-the run (`Relay`: opened, an epoch, a few step metrics, the final push, closed) as one line of
-JSON appended to a file, and the publisher replays them on the writer's `Tracker`
-(mlflow_run.py), which does what it always did: run.json, the idempotent pushes, system
-metrics. (The final model is logged by the compare and publish stages, which load torch and
-MLflow's model code once for every strategy: here they would cost a stage on 2 CPU cores
-3.5 s of imports after its last epoch.) So a training process never imports MLflow, never shares its
-interpreter's lock with MLflow's threads and never waits for the server: on 2 CPU cores a
-tiny stage's first epoch took 3.7 s with MLflow in the writer against 0.8 s without, and the
-whole stage 12 s against 9.5 s (docs/performance.md, "A train stage's fixed cost").
+`python -m pipeline.train` forks the stage's publisher (`Publisher`) before it imports
+torch, so that MLflow's imports run beside the launcher's; the run's writer hands it each
+event of the run (`Relay`: opened, an epoch, a few step metrics, the final push, closed) as
+one line of JSON appended to a file, and the publisher replays them on the writer's
+`Tracker` (mlflow_run.py), which does what it always did: run.json, the idempotent pushes,
+system metrics. (The final model is logged by the compare and publish stages, which load
+torch and MLflow's model code once for every strategy: here they would cost a stage on 2 CPU
+cores 3.5 s of imports after its last epoch.) So a training process never imports MLflow,
+never shares its interpreter's lock with MLflow's threads and never waits for the server: on
+2 CPU cores a tiny stage's first epoch took 3.7 s with MLflow in the writer against 0.8 s
+without, and the whole stage 12 s against 9.5 s (docs/performance.md, "A train stage's fixed
+cost").
 
 Nothing is lost on the way: run.json, the checkpoint record and results/ stay the truth, as
 before; the events file lives until the publisher has replayed it, the launcher waits for the
