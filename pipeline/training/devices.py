@@ -13,6 +13,8 @@ is tested without GPUs.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import shutil
 import subprocess
@@ -189,9 +191,6 @@ def cuda_driver_initialised() -> bool | None:
     """Whether cuInit has run in this process, asked without running it: the driver's
     cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until then. False where the driver
     library is not even loaded; None where this cannot be asked."""
-    import ctypes
-    import os
-
     if not hasattr(os, "RTLD_NOLOAD"):
         return None
     try:  # the library this process already has, never a fresh load

@@ -65,13 +65,12 @@ def identity(**changes) -> RunIdentity:
 
 
 def test_the_tree_digest_sees_code_not_comments_docstrings_or_layout():
-    digest = tree_digest
-    plain = digest('def f(x):\n    """Half."""\n    return x / 2\n')
-    assert digest('def f(x):\n    """Half of x."""\n    # why\n    return (x / 2)\n') == plain
-    assert digest('def f(x):\n    """Half."""\n    return x / 3\n') != plain
-    field = digest("class C:\n    x: int = 1\n")
-    assert digest('class C:\n    """C."""\n    x: int = 1\n    """The x."""\n') == field
-    assert digest("class C:\n    x: int = 2\n") != field
+    plain = tree_digest('def f(x):\n    """Half."""\n    return x / 2\n')
+    assert tree_digest('def f(x):\n    """Half of x."""\n    # why\n    return (x / 2)\n') == plain
+    assert tree_digest('def f(x):\n    """Half."""\n    return x / 3\n') != plain
+    field = tree_digest("class C:\n    x: int = 1\n")
+    assert tree_digest('class C:\n    """C."""\n    x: int = 1\n    """The x."""\n') == field
+    assert tree_digest("class C:\n    x: int = 2\n") != field
 
 
 @pytest.mark.parametrize(
