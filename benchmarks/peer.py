@@ -9,14 +9,16 @@ Lightning is an optional extra (`make peer-install`), never needed by the pipeli
 it this exits 2 saying so. In a throw-away project copy with synthetic Fashion-MNIST-shaped
 data (fetched once), each size runs our stage and benchmarks/lightning_peer.py (the same
 model, data, batch, lr, SGD, epochs and precision, with an MLflow logger to a SQLite store, a
-checkpoint and a validation every epoch) as whole processes, taking turns, the order swapped
-each round; one untimed run of each first creates the MLflow store's tables and warms the file
-cache. Each run's process wall time (the benchmark's own clock around the command), ours'
-training (metrics.json `total_seconds`: its epochs, evaluation included) and the peer's
-before and during training (its on_train_start and on_train_end marks). The JSON
-(benchmarks/results/<machine>-peer-<date>.json unless --out) holds every run, the medians, the
-ratio of the medians' walls ours/peer, the settings and the 1-minute load average before and
-after, the whole and each size.
+checkpoint and a validation every epoch) as whole processes, with a third job beside them:
+benchmarks/bare_loop.py, the same training as a bare PyTorch loop, the floor under both (its
+wall over the peer's is the lowest ratio any implementation of the job could have). They take
+turns, each going first in turn; one untimed run of each first creates the MLflow store's
+tables and warms the file cache. Each run's process wall time (the benchmark's own clock
+around the command), ours' training (metrics.json `total_seconds`: its epochs, evaluation
+included) and the others' before and during training (their marks of training's start and
+end). The JSON (benchmarks/results/<machine>-peer-<date>.json unless --out) holds every run,
+the medians, the ratios of the medians' walls ours/peer and bare/peer, the settings and the
+1-minute load average before and after, the whole and each size.
 """
 
 from __future__ import annotations
@@ -63,11 +65,22 @@ def ours(project: Path, env: dict, size: tuple) -> dict[str, float]:
 
 def peer(project: Path, env: dict, size: tuple) -> dict[str, float]:
     """The Lightning peer, its own process, started from the same clock."""
-    width, _, _, epochs, batch = size
     shutil.rmtree(project / "peer", ignore_errors=True)
-    marks_file = project / "peer-marks.json"
+    return marked("benchmarks.lightning_peer", project, env, size)
+
+
+def bare(project: Path, env: dict, size: tuple) -> dict[str, float]:
+    """The floor: the same training as a bare PyTorch loop (benchmarks/bare_loop.py)."""
+    return marked("benchmarks.bare_loop", project, env, size)
+
+
+def marked(module: str, project: Path, env: dict, size: tuple) -> dict[str, float]:
+    """`python -m module` with the size's settings, timed as a process, and its own marks of
+    when training started and ended."""
+    width, _, _, epochs, batch = size
+    marks_file = project / "marks.json"
     marks_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "benchmarks.lightning_peer", "--width", str(width)]
+    cmd = [sys.executable, "-m", module, "--width", str(width)]
     cmd += ["--epochs", str(epochs), "--batch-size", str(batch), "--marks", str(marks_file)]
     spawned = time.time()
     wall = timed(cmd, project, env)
@@ -90,12 +103,15 @@ def timed(cmd: list[str], cwd: Path, env: dict) -> float:
 
 
 def medians(rounds: list[dict]) -> dict:
-    """Each job's median of each figure over the rounds, and ours/peer of the median walls."""
+    """Each job's median of each figure over the rounds, ours/peer of the median walls and,
+    where the bare loop ran, bare/peer: the lowest ratio this job could have."""
     out: dict = {
         job: {key: statistics.median(r[job][key] for r in rounds) for key in rounds[0][job]}
-        for job in ("ours", "peer")
+        for job in rounds[0]
     }
     out["ratio_wall"] = out["ours"]["wall_s"] / out["peer"]["wall_s"]
+    if "bare" in out:
+        out["ratio_bare"] = out["bare"]["wall_s"] / out["peer"]["wall_s"]
     return out
 
 
@@ -116,16 +132,17 @@ def measure_size(size: tuple, runs: int, tmp: Path) -> list[dict]:
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
     }
     subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)
-    ours(project, env, size)  # untimed: the store's tables, the file cache
-    peer(project, env, size)
+    jobs = {"ours": ours, "peer": peer, "bare": bare}
+    for job in jobs.values():
+        job(project, env, size)  # untimed: the store's tables, the file cache
     rounds = []
     for i in range(runs):
-        jobs = [("ours", ours), ("peer", peer)]
-        row = {name: job(project, env, size) for name, job in jobs[:: 1 if i % 2 == 0 else -1]}
-        rounds.append(row)
+        turn = list(jobs)[i % len(jobs) :] + list(jobs)[: i % len(jobs)]  # each goes first once
+        row = {name: jobs[name](project, env, size) for name in turn}
+        rounds.append({name: row[name] for name in jobs})
         print(
-            f"peer: run {i + 1}: ours {row['ours']['wall_s']:.1f} s, "
-            f"peer {row['peer']['wall_s']:.1f} s",
+            f"peer: run {i + 1}: "
+            + ", ".join(f"{name} {row[name]['wall_s']:.1f} s" for name in jobs),
             flush=True,
         )
     shutil.rmtree(project)
@@ -181,23 +198,35 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def table(result: dict) -> str:
-    """One row per size: both process walls, their ratio against the goal, and where each
-    job's seconds went."""
+    """One row per size: the three process walls, ours/peer against the goal and bare/peer
+    (the floor), and where each job's seconds went."""
     lines = [
         "| size | ours: wall s | ours: training s | peer: wall s | peer: before training s "
-        "| peer: training s | ours / peer (goal <= 0.5x) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| peer: training s | bare loop: wall s | bare loop: training s "
+        "| ours / peer (goal <= 0.5x) | bare loop / peer |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, size in result["sizes"].items():
         s, m = result["settings"]["sizes"][name], size["median"]
         epochs = f"{s['epochs']} epoch" + "s" * (s["epochs"] != 1)
         label = f"{name}: width {s['width']}, {s['train']} images, {epochs}"
         verdict = "met" if m["ratio_wall"] <= GOAL else "missed"
-        lines.append(
-            f"| {label} | {m['ours']['wall_s']:.1f} | {m['ours']['train_s']:.1f} "
-            f"| {m['peer']['wall_s']:.1f} | {m['peer']['before_train_s']:.1f} "
-            f"| {m['peer']['train_s']:.1f} | {m['ratio_wall']:.2f}x ({verdict}) |"
-        )
+        bare = m.get("bare")  # results from before the bare loop have none
+        floor = ["-", "-", "-"]
+        if bare:
+            floor = [f"{bare['wall_s']:.1f}", f"{bare['train_s']:.1f}", f"{m['ratio_bare']:.2f}x"]
+        cells = [
+            label,
+            f"{m['ours']['wall_s']:.1f}",
+            f"{m['ours']['train_s']:.1f}",
+            f"{m['peer']['wall_s']:.1f}",
+            f"{m['peer']['before_train_s']:.1f}",
+            f"{m['peer']['train_s']:.1f}",
+            *floor[:2],
+            f"{m['ratio_wall']:.2f}x ({verdict})",
+            floor[2],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -18,8 +18,8 @@ from benchmarks.peer import medians, table
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(ours_wall: float, peer_wall: float) -> dict:
-    return {
+def run(ours_wall: float, peer_wall: float, bare_wall: float | None = None) -> dict:
+    row = {
         "ours": {"wall_s": ours_wall, "train_s": ours_wall / 2, "test_acc": 0.5},
         "peer": {
             "wall_s": peer_wall,
@@ -28,17 +28,27 @@ def run(ours_wall: float, peer_wall: float) -> dict:
             "test_acc": 0.5,
         },
     }
+    if bare_wall is not None:
+        row["bare"] = {
+            "wall_s": bare_wall,
+            "before_train_s": 1.0,
+            "train_s": bare_wall - 1,
+            "test_acc": 0.5,
+        }
+    return row
 
 
 def test_medians_and_the_ratio_of_the_median_walls():
-    m = medians([run(10, 40), run(30, 20), run(20, 30)])
+    m = medians([run(10, 40, 4), run(30, 20, 16), run(20, 30, 8)])
     assert m["ours"]["wall_s"] == 20 and m["ours"]["train_s"] == 10
     assert m["peer"]["wall_s"] == 30 and m["peer"]["before_train_s"] == 5
+    assert m["bare"]["wall_s"] == 8 and m["bare"]["train_s"] == 7
     assert m["ratio_wall"] == pytest.approx(20 / 30)
+    assert m["ratio_bare"] == pytest.approx(8 / 30)
 
 
-def test_table_rows_against_the_goal():
-    sizes = {"quickstart": run(10, 40), "one epoch": run(8, 10)}
+def test_table_rows_against_the_goal_with_the_floor_where_measured():
+    sizes = {"quickstart": run(10, 40, 8), "one epoch": run(8, 10)}
     result = {
         "settings": {
             "sizes": {
@@ -52,9 +62,10 @@ def test_table_rows_against_the_goal():
     assert len(lines) == 4
     assert lines[2] == (
         "| quickstart: width 8, 6000 images, 3 epochs | 10.0 | 5.0 | 40.0 | 5.0 | 35.0 "
-        "| 0.25x (met) |"
+        "| 8.0 | 7.0 | 0.25x (met) | 0.20x |"
     )
-    assert lines[3].endswith("| 0.80x (missed) |")
+    assert lines[3].endswith("| 5.0 | - | - | 0.80x (missed) | - |")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
 
 
 def test_without_lightning_it_exits_2_naming_the_make_target():
@@ -72,11 +83,9 @@ def test_without_lightning_it_exits_2_naming_the_make_target():
     ]
 
 
-def test_the_peer_trains_logs_checkpoints_and_marks(tmp_path):
-    """Run as the benchmark runs it, a process of its own: Lightning's MLflow logger points
-    MLflow's fluent API at its store for good (`mlflow.set_tracking_uri`), which in this
-    process would redirect every later test's runs."""
-    pytest.importorskip("lightning")
+@pytest.fixture
+def fetched(tmp_path) -> Path:
+    """A directory as a project's fetch stage leaves it: tiny learnable tensors."""
     import torch
 
     from pipeline.data.synthetic import synthetic_split
@@ -88,23 +97,37 @@ def test_the_peer_trains_logs_checkpoints_and_marks(tmp_path):
         tensors[f"{split}_labels"] = torch.from_numpy(labels)
     (tmp_path / "data" / "fashion-mnist").mkdir(parents=True)
     torch.save(tensors, tmp_path / "data" / "fashion-mnist" / "tensors.pt")
+    return tmp_path
+
+
+def run_marked(module: str, project: Path, *args: str) -> dict:
+    """`python -m module` in `project` at a tiny size, as benchmarks/peer.py runs it; its marks."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
     }
-    marks = tmp_path / "marks.json"
+    marks = project / "marks.json"
     argv = ["--width", "4", "--epochs", "2", "--batch-size", "64", "--marks", str(marks)]
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.lightning_peer", *argv, "--out", str(tmp_path / "peer")],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-    )
-
+    subprocess.run([sys.executable, "-m", module, *argv, *args], cwd=project, env=env, check=True)
     result = json.loads(marks.read_text())
     assert result["train_start"] < result["train_end"]
     assert 0.0 <= result["test_acc"] <= 1.0
+    return result
+
+
+def test_the_bare_loop_trains_and_writes_nothing_but_its_marks(fetched):
+    run_marked("benchmarks.bare_loop", fetched)
+    assert sorted(p.name for p in fetched.iterdir()) == ["data", "marks.json"]
+
+
+def test_the_peer_trains_logs_checkpoints_and_marks(fetched):
+    """Run as the benchmark runs it, a process of its own: Lightning's MLflow logger points
+    MLflow's fluent API at its store for good (`mlflow.set_tracking_uri`), which in this
+    process would redirect every later test's runs."""
+    pytest.importorskip("lightning")
+    tmp_path = fetched
+    run_marked("benchmarks.lightning_peer", tmp_path, "--out", str(tmp_path / "peer"))
     checkpoints = list((tmp_path / "peer" / "checkpoints").glob("*.ckpt"))
     assert [p.name for p in checkpoints] == ["epoch=1-step=8.ckpt"]  # 256 // 64 steps an epoch
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
