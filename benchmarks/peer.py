@@ -137,7 +137,7 @@ def measure_size(size: tuple, runs: int, tmp: Path) -> list[dict]:
         job(project, env, size)  # untimed: the store's tables, the file cache
     rounds = []
     for i in range(runs):
-        turn = list(jobs)[i % len(jobs) :] + list(jobs)[: i % len(jobs)]  # each goes first once
+        turn = list(jobs)[i % len(jobs) :] + list(jobs)[: i % len(jobs)]  # each first in turn
         row = {name: jobs[name](project, env, size) for name in turn}
         rounds.append({name: row[name] for name in jobs})
         print(
