@@ -30,8 +30,9 @@ from pipeline.data.fashion_mnist import load_tensors
 from pipeline.training.model import build_model
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def job_parser(doc: str) -> argparse.ArgumentParser:
+    """The job's settings as benchmarks/peer.py passes them, here and to the Lightning peer."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -39,7 +40,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--marks", type=Path, help="JSON of the training marks")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = job_parser(__doc__).parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     autocast = (

@@ -17,7 +17,6 @@ started and ended (a callback) and the last epoch's test accuracy.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -30,6 +29,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.bare_loop import job_parser
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import load_tensors
 from pipeline.training.model import build_model
@@ -81,15 +81,8 @@ def loaders(batch_size: int, eval_batch_size: int) -> tuple[DataLoader, DataLoad
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--eval-batch-size", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = job_parser(__doc__)
     parser.add_argument("--out", type=Path, default=Path("peer"), help="checkpoints go here")
-    parser.add_argument("--marks", type=Path, help="JSON of the training marks")
     args = parser.parse_args(argv)
 
     L.seed_everything(args.seed)  # the DataLoader's shuffle
