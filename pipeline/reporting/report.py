@@ -87,7 +87,7 @@ def write_report(
     mlflow = open_comparison(
         mlflow_options.experiment,
         children,
-        {**base_tags(), "dvc_stage": "compare", "strategies": ",".join(names)},
+        {**base_tags(torch_stack=False), "dvc_stage": "compare", "strategies": ",".join(names)},
         {"strategies": ",".join(names), "report.target_accuracy": target},
     )
 

@@ -20,6 +20,7 @@ from typing import Any
 from pipeline.errors import first_line
 from pipeline.tracking import store
 from pipeline.tracking.mlflow_run import MODEL_NAME
+from pipeline.tracking.provenance import TORCH_STACK, shared_tags, torch_stack_tags
 from pipeline.tracking.store import compare_runs_url, experiment_id, param_text, tracking_uri
 
 KEY_TAG = "parallel_lab_comparison"  # on the parents compare creates: which runs they group
@@ -50,11 +51,16 @@ def open_comparison(
 ) -> Comparison | None:
     """The parent run for these strategy runs: the one an earlier `compare` made for them,
     or a new one. None if MLflow is away (the report is still written; only the grouping is
-    lost)."""
+    lost). Its torch stack tags are its runs' (what the compared numbers were trained with),
+    so the stage imports torch only where it logs models or a run lacks them."""
     try:
         from mlflow.entities import Param, RunTag
 
         client = store.client()
+        stack = shared_tags([client.get_run(c).data.tags for c in children], TORCH_STACK)
+        if len(stack) < len(TORCH_STACK):
+            stack = {**torch_stack_tags(), **stack}
+        tags = {**tags, **stack}
         key = comparison_key(children)
         exp_id = experiment_id(client, experiment)
         earlier = client.search_runs([exp_id], f"tags.{KEY_TAG} = '{key}'", max_results=1)

@@ -47,20 +47,46 @@ def nvidia_driver() -> Optional[str]:
 
 def stack_tags(root: Path = Path(".")) -> dict[str, str]:
     """Tags for every run: input hashes and the software stack, whether or not it uses GPUs."""
-    import torch
+    return {**input_tags(root), **torch_stack_tags()}
 
+
+def input_tags(root: Path = Path(".")) -> dict[str, str]:
+    """What the run was given: the params and the lock, and the container it ran in."""
     return {
         # dvc.lock as it stood when the run began: during `dvc repro` it gains each stage's
         # entry as the stage finishes
         "params_sha256": file_sha256(root / "params.yaml"),
         "dvc_lock_sha256": file_sha256(root / "dvc.lock"),
+        "container_image": os.environ.get(IMAGE_ENV) or "none",
+    }
+
+
+# what torch_stack_tags says: the compare stage reads these from the runs it compares
+TORCH_STACK = ("torch", "cuda", "cudnn", "nccl", "nvidia_driver")
+
+
+def torch_stack_tags() -> dict[str, str]:
+    """The torch build and what it runs on; imports torch."""
+    import torch
+
+    return {
         "torch": torch.__version__,
         "cuda": _safe(lambda: torch.version.cuda),
         "cudnn": _safe(torch.backends.cudnn.version),
         "nccl": _safe(lambda: ".".join(map(str, torch.cuda.nccl.version()))),
         "nvidia_driver": _safe(nvidia_driver),
-        "container_image": os.environ.get(IMAGE_ENV) or "none",
     }
+
+
+def shared_tags(runs: list[Mapping[str, str]], keys: tuple[str, ...]) -> dict[str, str]:
+    """Each key's value across runs: the value where they agree, "mixed: a, b" where they do
+    not; a key no run has is left out."""
+    out = {}
+    for key in keys:
+        values = sorted({run[key] for run in runs if key in run})
+        if values:
+            out[key] = values[0] if len(values) == 1 else "mixed: " + ", ".join(values)
+    return out
 
 
 def gpu_tags(gpus: Mapping[int, str]) -> dict[str, str]:
@@ -104,14 +130,16 @@ def git_state(cwd: Path | None = None) -> dict[str, str]:
     }
 
 
-def base_tags() -> dict[str, str]:
+def base_tags(torch_stack: bool = True) -> dict[str, str]:
+    """Where a run came from; `torch_stack=False` leaves out TORCH_STACK (and so the import of
+    torch), for a run that computes nothing with torch and takes them from its runs."""
     git = git_state()
     return {
         **git,
         "mlflow.source.git.commit": git["git_commit"],
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
-        **stack_tags(),
+        **(stack_tags() if torch_stack else input_tags()),
         # the DVC experiment a queued or -S run belongs to (`dvc exp show` names it)
         **({"dvc_experiment": os.environ["DVC_EXP_NAME"]} if "DVC_EXP_NAME" in os.environ else {}),
     }

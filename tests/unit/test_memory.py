@@ -8,7 +8,7 @@ import torch
 from pipeline import memory, results
 from pipeline.context import DistContext
 from pipeline.memory import DevicePeak
-from pipeline.tracking.provenance import gpu_tags, gpu_uuids, stack_tags
+from pipeline.tracking.provenance import gpu_tags, gpu_uuids, shared_tags, stack_tags
 from pipeline.tracking.system_metrics import renumber_gpu_keys
 
 
@@ -247,3 +247,12 @@ def test_device_metrics_are_named_like_mlflows_system_metrics():
     assert summary["peak_memory_mib"] == {"gpu_3": 500.0}
     assert summary["peak_reserved_mib"] == {"gpu_3": 700.0}
     assert summary["peak_memory_spread_mib"] == 100.0  # training's allocated, not reserved
+
+
+def test_shared_tags_say_where_runs_disagree_and_leave_out_what_none_has():
+    runs = [{"torch": "2.9", "cuda": "12.8"}, {"torch": "2.9", "cuda": "13.0"}, {"torch": "2.9"}]
+    assert shared_tags(runs, ("torch", "cuda", "nccl")) == {
+        "torch": "2.9",
+        "cuda": "mixed: 12.8, 13.0",
+    }
+    assert shared_tags([], ("torch",)) == {}

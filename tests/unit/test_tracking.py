@@ -203,6 +203,40 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
     assert left == [parent]
 
 
+def test_the_comparison_carries_its_runs_torch_stack_not_its_own(tracker, tmp_path):
+    """compare trains nothing: the parent's torch, CUDA and driver tags are those its runs
+    were trained with (another machine's, here), a disagreement shown as such."""
+    import torch
+
+    from pipeline.tracking.comparison_run import open_comparison
+    from pipeline.tracking.provenance import TORCH_STACK
+
+    other = Tracker(tmp_path / "run2.json", new_record("h", "tests", "ddp", {}, {}), fresh=True)
+    other.publish([])
+    client = MlflowClient()
+    stacks = [
+        {"torch": "2.9.0+cu128", "cuda": "12.8", "cudnn": "91002", "nccl": "2.27.3"},
+        {"torch": "2.9.0+cu128", "cuda": "12.8", "cudnn": "91002", "nccl": "2.27.5"},
+    ]
+    for run_id, stack in zip([tracker.run_id, other.run_id], stacks):
+        for key, value in {**stack, "nvidia_driver": "580.65.06"}.items():
+            client.set_tag(run_id, key, value)
+    parent = open_comparison("tests", [tracker.run_id, other.run_id], {}, {}).parent_id
+    tags = client.get_run(parent).data.tags
+    assert {k: tags[k] for k in TORCH_STACK} == {
+        "torch": "2.9.0+cu128",
+        "cuda": "12.8",
+        "cudnn": "91002",
+        "nccl": "mixed: 2.27.3, 2.27.5",
+        "nvidia_driver": "580.65.06",
+    }
+    # a run logged without them: this machine's own
+    bare = Tracker(tmp_path / "run3.json", new_record("i", "tests", "fsdp", {}, {}), fresh=True)
+    bare.publish([])
+    parent = open_comparison("tests", [bare.run_id], {}, {}).parent_id
+    assert client.get_run(parent).data.tags["torch"] == torch.__version__
+
+
 def test_publish_refuses_epochs_of_another_run(tmp_path, monkeypatch):
     """An older configuration's epochs (latest.json) never go into a newer run (run.json):
     publish stops with one line and touches nothing, MLflow included."""
