@@ -6,9 +6,10 @@
 A generated block is the text between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->` in
 README.md or docs/*.md; BLOCKS below says which file of benchmarks/results/ each NAME is
 rendered from. The numbers are never typed by hand: a new measurement is a new JSON, then one
-run of this command. The startup, stress-exit and peer blocks take the newest
-`*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` (benchmarks/startup.py,
-stress_exit.py and peer.py write them); while none is committed their blocks stay empty.
+run of this command. The startup, stress-exit, peer and suite-cpu blocks take the newest
+`*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` / `*-suite-cpu-*.json`
+(benchmarks/startup.py, stress_exit.py, peer.py and suite_cpu.py write them); while none is
+committed their blocks stay empty.
 """
 
 from __future__ import annotations
@@ -299,6 +300,27 @@ def peer_block(path: Path) -> list[str]:
     ]
 
 
+# ---- benchmarks/suite_cpu.py
+
+
+def suite_cpu_block(path: Path) -> list[str]:
+    from benchmarks.suite_cpu import table as suite_table
+
+    result = json.loads(path.read_text())
+    info = result["info"]
+    pytest_args = result["command"][result["command"].index("pytest") + 1 :]
+    return [
+        paragraph(
+            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
+            f"{info['torch']}; `pytest {' '.join(pytest_args)}` (exit code "
+            f"{result['exit_code']}), CPU seconds of every process it started, by kind; "
+            f"the sampling itself took {result['sampler_cpu_s']:.0f} CPU s."
+        ),
+        "",
+        suite_table(result),
+    ]
+
+
 # ---- the blocks
 
 
@@ -330,6 +352,7 @@ BLOCKS = [
     Block("startup", startup_block, newest="*-startup-*.json"),
     Block("stress-exit", stress_exit_block, newest="*-stress-exit-*.json"),
     Block("peer", peer_block, newest="*-peer-*.json"),
+    Block("suite-cpu", suite_cpu_block, newest="*-suite-cpu-*.json"),
 ]
 MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
 OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")
