@@ -30,6 +30,7 @@ from pathlib import Path
 from benchmarks.bench import machine, write_result
 
 PERIOD_S = 0.1
+LARGEST = 3  # processes named in each kind's row of the JSON
 TICKS = os.sysconf("SC_CLK_TCK")
 # cmdline pattern -> kind, first match wins; a pipeline command forked by the same command (a
 # stage's workers and publisher) is "<kind>: forked"
@@ -76,22 +77,27 @@ def kind_of(cmd: str, parent_cmd: str | None) -> str:
     return Path(cmd.split()[0]).name if cmd.split() else "unknown"
 
 
-def summarize(procs: list[Proc]) -> dict[str, dict[str, float]]:
-    """kind -> CPU seconds, processes and the median process's CPU seconds, most CPU first."""
+def summarize(procs: list[Proc]) -> dict[str, dict]:
+    """kind -> CPU seconds, processes, the median process's CPU seconds and the LARGEST
+    processes' (CPU s, command line), most CPU first."""
     by_pid = {p.pid: p for p in procs}
-    kinds: dict[str, list[float]] = {}
+    kinds: dict[str, list[Proc]] = {}
     for p in procs:
         parent = by_pid.get(p.ppid)
-        kinds.setdefault(kind_of(p.cmd, parent.cmd if parent else None), []).append(p.cpu_s)
-    rows = {
+        kinds.setdefault(kind_of(p.cmd, parent.cmd if parent else None), []).append(p)
+    rows: dict[str, dict] = {
         kind: {
-            "cpu_s": round(sum(cpus), 2),
-            "processes": len(cpus),
-            "median_cpu_s": round(statistics.median(cpus), 2),
+            "cpu_s": round(sum(p.cpu_s for p in members), 2),
+            "processes": len(members),
+            "median_cpu_s": round(statistics.median(p.cpu_s for p in members), 2),
+            "largest": [
+                [round(p.cpu_s, 2), p.cmd[:160]]
+                for p in sorted(members, key=lambda p: -p.cpu_s)[:LARGEST]
+            ],
         }
-        for kind, cpus in kinds.items()
+        for kind, members in kinds.items()
     }
-    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["cpu_s"]))
+    return dict(sorted(rows.items(), key=lambda kv: -float(kv[1]["cpu_s"])))
 
 
 def cpu_busy_ticks() -> tuple[int, int]:

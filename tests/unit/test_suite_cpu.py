@@ -52,11 +52,16 @@ def test_a_summary_sums_by_kind_and_tells_forks_from_launchers():
         Proc(4, 2, LAUNCHER, 1.0),  # its publisher
         Proc(5, 1, LAUNCHER, 4.0),  # another stage
     ]
-    assert summarize(procs) == {
-        "pytest and its workers": {"cpu_s": 10.0, "processes": 1, "median_cpu_s": 10.0},
-        "pipeline.train": {"cpu_s": 7.0, "processes": 2, "median_cpu_s": 3.5},
-        "pipeline.train: forked": {"cpu_s": 3.0, "processes": 2, "median_cpu_s": 1.5},
+    summary = summarize(procs)
+    assert {
+        kind: (r["cpu_s"], r["processes"], r["median_cpu_s"]) for kind, r in summary.items()
+    } == {
+        "pytest and its workers": (10.0, 1, 10.0),
+        "pipeline.train": (7.0, 2, 3.5),
+        "pipeline.train: forked": (3.0, 2, 1.5),
     }
+    assert list(summary) == ["pytest and its workers", "pipeline.train", "pipeline.train: forked"]
+    assert summary["pipeline.train"]["largest"] == [[4.0, LAUNCHER], [3.0, LAUNCHER]]
 
 
 SPIN = "import time\nwhile time.process_time() < 0.5: pass"
