@@ -32,14 +32,14 @@ from benchmarks.bench import machine, write_result
 PERIOD_S = 0.1
 LARGEST = 3  # processes named in each kind's row of the JSON
 TICKS = os.sysconf("SC_CLK_TCK")
+# python's own arguments up to -m MODULE: a module named later (in a -c script, a path) is not it
+PYTHON_M = r"^\S*python[\d.]*\s+(?:-\S+\s+)*-m\s+"
 # cmdline pattern -> kind, first match wins; a pipeline command forked by the same command (a
 # stage's workers and publisher) is "<kind>: forked"
 KINDS = [
-    (r"pytest|import sys;exec\(eval\(sys\.stdin", "pytest and its workers"),
-    (r"-m pipeline\.train\b", "pipeline.train"),
-    (r"-m (pipeline\.\w+)", None),  # the pipeline command it names
+    (PYTHON_M + r"pytest\b|import sys;exec\(eval\(sys\.stdin", "pytest and its workers"),
+    (PYTHON_M + r"(pipeline\.\w+|benchmarks\.\w+)", None),  # the module it runs
     (r"from pipeline( import|\.)", "pipeline in-process (python -c)"),
-    (r"-m (benchmarks\.\w+)", None),
     (r"\bmlflow (server|ui)\b|gunicorn|uvicorn|huey", "MLflow server"),
     (r"(^|/)dvc\b", "dvc"),
     (r"cc1plus|(^|/)(g\+\+|c\+\+|gcc|collect2|ld|as) ", "C++ compiler"),
@@ -187,6 +187,7 @@ def table(result: dict) -> str:
     lines = [
         f"{result['wall_s']:.0f} s wall, {result['cpu_s']:.0f} CPU s seen, "
         f"{result['busy_share']:.0%} of the CPUs busy",
+        "",
         "| kind | CPU s | share | processes | median process CPU s |",
         "|---|---:|---:|---:|---:|",
     ]

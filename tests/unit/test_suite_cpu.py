@@ -36,6 +36,13 @@ CASES = [
     ("/usr/bin/python3 -c pass", None, "python, other"),
     ("[kworker/0:1-events]", None, "kernel threads"),
     ("/usr/bin/git status --porcelain", None, "git"),
+    # a module named in a path or a -c script is not the one python runs
+    (f"{PY} -m benchmarks.bench --out /tmp/pytest-of-root/x.json", None, "benchmarks.bench"),
+    (
+        f"{PY} -c \nfrom pipeline import train\nprint('python -m pipeline.train')",
+        None,
+        "pipeline in-process (python -c)",
+    ),
 ]
 
 
