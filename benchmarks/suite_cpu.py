@@ -58,11 +58,11 @@ class Proc:
 
 def command(proc_dir: str, comm: str, ppid: int) -> str:
     """The command line of /proc/<pid>; [comm] for a kernel thread (a child of kthreadd, pid
-    2), the bare comm for a process already exited (a zombie has no command line)."""
+    2); "" for a process exiting (a zombie has no command line)."""
     if ppid == 2 or proc_dir.endswith("/2"):
         return f"[{comm}]"
     raw = Path(proc_dir, "cmdline").read_bytes()
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:400] or comm
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:400]
 
 
 def kind_of(cmd: str, parent_cmd: str | None) -> str:
@@ -143,9 +143,11 @@ class Sampler:
                 key, ppid = (int(entry.name), int(fields[19])), int(fields[1])
                 known = self.seen.get(key)
                 parent = self.by_pid.get(ppid)
-                # new, or a fork still its parent's command line: it may have exec'd since
+                # new, or a fork still its parent's command line: it may have exec'd since;
+                # one exiting has none left, and keeps the one it had (a first sight: its comm)
                 if known is None or (parent is not None and known.cmd == parent.cmd):
-                    self.seen[key] = known = Proc(key[0], ppid, command(entry.path, comm, ppid))
+                    cmd = command(entry.path, comm, ppid) or (known.cmd if known else comm)
+                    self.seen[key] = known = Proc(key[0], ppid, cmd)
                     self.by_pid[key[0]] = known
                 known.cpu_s = (int(fields[11]) + int(fields[12])) / TICKS
             except (OSError, ValueError, IndexError):  # it ended while being read

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,32 @@ def test_a_fork_seen_before_its_exec_is_named_by_what_it_runs():
     finally:
         os.write(hold, b"x")  # a second byte if it was released already: never read
         os.write(stop, b"x")
+        os.waitpid(pid, 0)
+
+
+def test_a_fork_keeps_its_command_line_once_it_has_exited():
+    """A stage's worker has its launcher's command line and is read again at each sample (it
+    might have exec'd); once exited, a zombie has none, and it stays the worker it was."""
+    sampler = Sampler()
+    release, hold = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a fork that exits when told
+        os.read(release, 1)
+        os._exit(0)
+    try:
+        sampler.sample()
+        ours = sampler.by_pid[os.getpid()].cmd
+        assert sampler.by_pid[pid].cmd == ours
+        os.write(hold, b"x")
+
+        def exited() -> bool:  # a zombie: state Z, until waitpid reaps it
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+        wait_for(exited, 60, "the fork to exit")
+        sampler.sample()
+        assert sampler.by_pid[pid].cmd == ours
+    finally:
+        os.write(hold, b"x")
         os.waitpid(pid, 0)
 
 
