@@ -164,12 +164,12 @@ class Sampler:
 
 def measure(command: list[str]) -> dict:
     """Run `command` and account for the CPU every process spent while it ran."""
-    before = Sampler()
-    before.sample()  # processes already running count only what they spend from now
-    since = {key: p.cpu_s for key, p in before.seen.items()}
+    sampler = Sampler()
+    sampler.sample()  # processes already running count only what they spend from now
+    since = {key: p.cpu_s for key, p in sampler.seen.items()}
     busy0, total0 = cpu_busy_ticks()
     started = time.monotonic()
-    with Sampler() as sampler:
+    with sampler:
         code = subprocess.run(command).returncode
     wall = time.monotonic() - started
     busy1, total1 = cpu_busy_ticks()
