@@ -11,7 +11,8 @@ The same model (`build_model(width, seed)`), the fetched tensors normalised per 
 SGD at the same lr, the same batch (a shuffled order each epoch, the last partial batch
 dropped) and epochs, and an evaluation over the test set every epoch, in fp32 on a CPU and
 under bf16 autocast on a GPU. `--marks` gets the JSON the peer writes: the Unix times
-training started and ended, and the last epoch's test accuracy.
+training started and ended, and the last epoch's test accuracy; and the steps it took and when
+the first was queued, the floor under a stage's first step (benchmarks/startup.py).
 """
 
 from __future__ import annotations
@@ -44,21 +45,25 @@ def job_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = job_parser(__doc__).parse_args(argv)
+    parser = job_parser(__doc__)
+    parser.add_argument("--limit-train", type=int, help="the first N training images only")
+    parser.add_argument("--limit-test", type=int, help="the first N test images only")
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     autocast = (
         (lambda: torch.autocast("cuda", torch.bfloat16)) if device.type == "cuda" else nullcontext
     )
     tensors = {k: v.to(device) for k, v in load_tensors(Path("data/fashion-mnist")).items()}
-    images, labels = tensors["train_images"], tensors["train_labels"].long()
-    test_images, test_labels = tensors["test_images"], tensors["test_labels"].long()
+    train, test = slice(args.limit_train), slice(args.limit_test)
+    images, labels = tensors["train_images"][train], tensors["train_labels"][train].long()
+    test_images, test_labels = tensors["test_images"][test], tensors["test_labels"][test].long()
     model = build_model(args.width, args.seed).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     steps = len(labels) // args.batch_size
 
-    marks = {"train_start": time.time()}
+    marks: dict[str, float] = {"train_start": time.time()}
     for _ in range(args.epochs):
         model.train()
         order = torch.randperm(len(labels), device=device, generator=generator)
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            marks.setdefault("first_step", time.time())  # queued, on a GPU, as a stage marks it
         model.eval()
         correct = torch.zeros((), dtype=torch.long, device=device)
         with torch.no_grad(), autocast():
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
                 correct += hits.sum()
         test_acc = correct.item() / len(test_labels)
     marks["train_end"] = time.time()
-    result = {**marks, "test_acc": test_acc}
+    result = {**marks, "test_acc": test_acc, "steps": steps * args.epochs}
     if args.marks is not None:
         args.marks.write_text(json.dumps(result) + "\n")
     return result

@@ -13,7 +13,10 @@ store that already exists, as on a user's second stage. The stage marks its phas
 forked (the default: they inherit its imports) and spawned (each imports torch and the
 project again: the fallback, and what a torchrun subprocess cost), so the two are compared
 in one sitting. The JSON (benchmarks/results/<machine>-startup-<date>.json unless --out)
-holds every run's marks and the median of each phase. `--quickstart N` also times N whole
+holds every run's marks and the median of each phase. Each round also runs the floor under
+them: the same job as a bare PyTorch loop (benchmarks/bare_loop.py: python, torch, the model,
+the data and SGD, nothing around them), whose first step and wall time no stage can beat on
+this machine. `--quickstart N` also times N whole
 `python -m pipeline.quickstart` runs on the 600 synthetic images, each from a new project
 state (no results, no MLflow store), as a user's first: the wall time and the seconds of
 each of its steps.
@@ -22,6 +25,7 @@ each of its steps.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -48,6 +52,7 @@ TINY = [
     "ddp.nproc=2",
     "fsdp.nproc=2",
 ]
+FIRST_STEP = "to the end of the first step"
 # (phase, from mark, to mark): "spawned" is the benchmark's own clock as it starts the
 # command, "exited" as it sees the command end
 PHASES = [
@@ -58,7 +63,7 @@ PHASES = [
     ("data to the device", "process group", "data on device"),
     ("model, strategy, checkpoint lookup", "data on device", "model built"),
     ("MLflow run handed to its publisher", "model built", "mlflow run opened"),
-    ("to the end of the first step", "mlflow run opened", "first step"),
+    (FIRST_STEP, "mlflow run opened", "first step"),
     ("training (the rest)", "first step", "trained"),
     ("results written", "trained", "results written"),
     ("workers' exit", "results written", "workers ended"),
@@ -67,6 +72,12 @@ PHASES = [
     ("launcher's exit", "published", "exited"),
 ]
 TRAINING = "training (the rest)"
+
+
+def to_first_step(phases: dict[str, float]) -> float:
+    """Seconds from the command to the end of its first step."""
+    names = [phase for phase, _, _ in PHASES]
+    return sum(phases[name] for name in names[: names.index(FIRST_STEP) + 1])
 
 
 def one_run(project: Path, strategy: str, start_method: str, timeline: Path) -> dict[str, float]:
@@ -89,6 +100,32 @@ def one_run(project: Path, strategy: str, start_method: str, timeline: Path) -> 
         at, _, phase = line.split(" ", 2)
         marks.setdefault(phase, float(at))  # the first: "first step" comes once an epoch
     return {phase: marks[b] - marks[a] for phase, a, b in PHASES}
+
+
+def one_floor(project: Path, marks: Path) -> dict[str, float]:
+    """TINY's job as a bare PyTorch loop: when its first step was queued and when it ended,
+    counted from the command, as a stage's phases are."""
+    tiny = dict(item.split("=", 1) for item in TINY)
+    options = {
+        "--width": "model.width",
+        "--epochs": "train.epochs",
+        "--batch-size": "train.batch_size",
+        "--limit-train": "data.limit_train",
+        "--limit-test": "data.limit_test",
+    }
+    cmd = [sys.executable, "-m", "benchmarks.bare_loop", "--marks", str(marks)]
+    for option, key in options.items():
+        cmd += [option, tiny[key]]
+    marks.unlink(missing_ok=True)
+    spawned = time.time()
+    proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
+    exited = time.time()
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return {
+        FIRST_STEP: json.loads(marks.read_text())["first_step"] - spawned,
+        "wall": exited - spawned,
+    }
 
 
 # the quickstart's last line: "quickstart: done in 41 s (fetch 0.3, single 5.1, ... s): ..."
@@ -135,7 +172,13 @@ def main(argv: list[str] | None = None) -> dict:
         subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, check=True)
         timeline = Path(tmp) / "timeline.txt"
         one_run(project, "single", "fork", timeline)  # the store's tables, the file cache
+        floors = []
         for i in range(args.runs):
+            floors.append(one_floor(project, Path(tmp) / "floor.json"))
+            print(
+                f"startup: bare loop run {i + 1}: first step {floors[-1][FIRST_STEP]:.2f} s",
+                flush=True,
+            )
             for strategy in args.strategies:
                 for start in ("fork", "spawn"):  # taking turns: load affects both alike
                     phases = one_run(project, strategy, start, timeline)
@@ -165,7 +208,14 @@ def main(argv: list[str] | None = None) -> dict:
         "median_wall_s": {
             key: statistics.median(sum(r.values()) for r in rows) for key, rows in runs.items()
         },
+        "median_first_step_s": {
+            key: statistics.median(map(to_first_step, rows)) for key, rows in runs.items()
+        },
         "runs": runs,
+        "floor": {
+            "median_s": {name: statistics.median(f[name] for f in floors) for name in floors[0]},
+            "runs": floors,
+        },
     }
     if quickstarts:
         result["quickstart"] = {
@@ -190,11 +240,24 @@ def table(result: dict) -> str:
     for phase in result["median_s"][keys[0]]:  # as the JSON has them (older ones, other phases)
         cells = [f"{result['median_s'][k][phase]:.2f}" for k in keys]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    if "median_first_step_s" in result:  # older JSONs have the phases alone
+        first = [f"**{result['median_first_step_s'][k]:.2f}**" for k in keys]
+        lines.append("| **the command to the end of its first step** | " + " | ".join(first) + " |")
     fixed = [f"**{result['median_fixed_s'][k]:.2f}**" for k in keys]
     lines.append("| **fixed cost (all but training)** | " + " | ".join(fixed) + " |")
     if "median_wall_s" in result:  # older JSONs have the phases alone
         wall = [f"**{result['median_wall_s'][k]:.2f}**" for k in keys]
         lines.append("| **the stage's wall time** | " + " | ".join(wall) + " |")
+    if "floor" in result:
+        floor = result["floor"]
+        lines += [
+            "",
+            f"The floor, run in turn with them: the same job as a bare PyTorch loop "
+            f"(benchmarks/bare_loop.py: python, torch, the model, the data and SGD, nothing "
+            f"around them), median of {len(floor['runs'])}: its first step "
+            f"**{floor['median_s'][FIRST_STEP]:.2f} s** after the command, its wall time "
+            f"**{floor['median_s']['wall']:.2f} s**.",
+        ]
     if "quickstart" in result:
         quick = result["quickstart"]
         steps = ", ".join(f"{k} {v:.1f}" for k, v in quick["median_s"].items() if k != "wall")

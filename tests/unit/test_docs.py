@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks import tables
-from benchmarks.startup import PHASES
+from benchmarks.startup import FIRST_STEP, PHASES, to_first_step
 from support import REPO
 
 README = REPO / "README.md"
@@ -87,6 +87,30 @@ def test_a_committed_startup_json_fills_its_block_with_the_newest(tmp_path):
     assert "From `benchmarks/results/a-startup-2026-02-01.json`:" in words
     assert "medians of 9 runs" in words
     assert "| **fixed cost (all but training)** | **3.00** |" in block
+
+
+def test_the_startup_block_shows_the_first_step_and_the_floor_under_it(tmp_path):
+    docs, results = copy_docs(tmp_path)
+    for committed in results.glob("*-startup-*.json"):
+        committed.unlink()
+    result = {
+        **startup_json(runs=3),
+        "median_first_step_s": {"single/fork": 2.5},
+        "floor": {"median_s": {FIRST_STEP: 2.25, "wall": 4.0}, "runs": [{}, {}, {}]},
+    }
+    (results / "cpu2-test-startup-2026-03-04.json").write_text(json.dumps(result))
+    assert tables.regenerate(docs, results, write=True) == []
+    block = (tmp_path / "performance.md").read_text().split("<!-- tables:startup -->")[1]
+    words = " ".join(block.split("<!-- /tables:startup -->")[0].split())
+    assert "| **the command to the end of its first step** | **2.50** |" in words
+    assert "median of 3: its first step **2.25 s** after the command" in words
+    assert "its wall time **4.00 s**" in words
+
+
+def test_the_first_step_is_every_phase_up_to_its_end():
+    phases = {phase: 2.0**i for i, (phase, _, _) in enumerate(PHASES)}
+    through = [phase for phase, _, _ in PHASES].index(FIRST_STEP)
+    assert to_first_step(phases) == 2.0 ** (through + 1) - 1  # 1 + 2 + ... + 2**through
 
 
 def test_a_stress_exit_json_fills_its_block(tmp_path):

@@ -117,8 +117,17 @@ def run_marked(module: str, project: Path, *args: str) -> dict:
 
 
 def test_the_bare_loop_trains_and_writes_nothing_but_its_marks(fetched):
-    run_marked("benchmarks.bare_loop", fetched)
+    marks = run_marked("benchmarks.bare_loop", fetched)
     assert sorted(p.name for p in fetched.iterdir()) == ["data", "marks.json"]
+    # the floor under a stage's first step (benchmarks/startup.py)
+    assert marks["train_start"] < marks["first_step"] < marks["train_end"]
+    assert marks["steps"] == 4 * 2  # 256 images at batch 64, 2 epochs
+
+
+def test_the_bare_loop_trains_and_tests_on_the_first_images_alone(fetched):
+    marks = run_marked("benchmarks.bare_loop", fetched, "--limit-train", "128", "--limit-test", "1")
+    assert marks["steps"] == 2 * 2  # 128 images at batch 64, 2 epochs; all 256: 4 an epoch
+    assert marks["test_acc"] in (0.0, 1.0)  # one test image
 
 
 def test_the_peer_trains_logs_checkpoints_and_marks(fetched):
