@@ -58,7 +58,7 @@ from torch import nn
 from benchmarks.bench import flops_per_image, machine, peak
 from benchmarks.e2e import project_copy, project_path
 from pipeline.data.device_data import normalize
-from pipeline.data.fashion_mnist import DATA_DIR, FILES, TENSORS
+from pipeline.data.fashion_mnist import DATA_DIR, FILES, load_tensors
 from pipeline.data.synthetic import write_synthetic
 from pipeline.results import NOT_SEPARABLE
 from pipeline.strategies import NAMES
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> dict:
             env["CUDA_VISIBLE_DEVICES"] = ""
         subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=project, env=env, check=True)
         print(f"gpu-check: data: {data}", flush=True)
-        tensors = torch.load(project / DATA_DIR / TENSORS, weights_only=True)
+        tensors = load_tensors(project / DATA_DIR)
         for row, (strategy, overrides) in runs.items():
             cmd = [sys.executable, "-m", "pipeline.train", strategy, *overrides]
             try:

@@ -1,5 +1,5 @@
 """DVC stage `fetch`: download Fashion-MNIST from `data.mirrors`, verify each file's MD5
-against `data.md5`, convert it once to uint8 tensors in data/fashion-mnist/.
+against `data.md5`, convert it once to uint8 arrays in data/fashion-mnist/.
 
 Mirrors are tried in order (http(s)://, file:// or a plain directory). A failure leaves
 nothing half-written: the previous data/fashion-mnist/, if any, stays as it was.
@@ -20,8 +20,8 @@ from pipeline.errors import exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args("pipeline.fetch", __doc__, argv, params_help=True)
     cfg = load_config("params.yaml", args.overrides)
-    tensors = fetch(cfg.data)
-    sizes = {k: tuple(v.shape) for k, v in tensors.items() if k.endswith("images")}
+    arrays = fetch(cfg.data)
+    sizes = {k: v.shape for k, v in arrays.items() if k.endswith("images")}
     print(f"fetch: wrote {DATA_DIR} ({sizes})", flush=True)
 
 

@@ -16,8 +16,10 @@ same number of equal steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pipeline.batch_plan import BatchPlan
@@ -35,14 +37,15 @@ class DeviceData:
 
 
 def to_device(
-    tensors: dict[str, torch.Tensor],
+    arrays: Mapping[str, np.ndarray | torch.Tensor],
     device: torch.device,
     limit_train: int | None,
     limit_test: int | None,
 ) -> DeviceData:
+    """The fetched arrays (fashion_mnist.load_arrays; tensors too), cut to the limits."""
+
     def take(name: str, limit: int | None) -> torch.Tensor:
-        t = tensors[name][:limit] if limit is not None else tensors[name]
-        return t.to(device, non_blocking=True)
+        return torch.as_tensor(arrays[name][:limit]).to(device, non_blocking=True)
 
     return DeviceData(
         train_images=take("train_images", limit_train),

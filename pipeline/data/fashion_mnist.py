@@ -3,14 +3,17 @@ training loads what it wrote."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from pipeline.config import FASHION_MNIST_MD5, FASHION_MNIST_MIRRORS
 from pipeline.errors import UserError, first_sentence
 
 if TYPE_CHECKING:
-    from torch import Tensor  # imported where used: the fetch command starts without it
+    from torch import Tensor  # imported where used: the fetch stage runs without torch
 
 MIRRORS = FASHION_MNIST_MIRRORS  # the defaults of data.mirrors and data.md5
 MD5 = FASHION_MNIST_MD5
@@ -18,8 +21,11 @@ FILES = {  # train/test -> (images file, labels file)
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
-DATA_DIR = Path("data/fashion-mnist")  # the fetch stage's output: raw/*.gz and TENSORS
-TENSORS = "tensors.pt"  # {train,test}_{images,labels} as uint8 tensors
+DATA_DIR = Path("data/fashion-mnist")  # the fetch stage's output: raw/*.gz and ARRAYS
+# {train,test}_{images,labels} as uint8 arrays in numpy's .npz (a zip of .npy files, no
+# pickle): written and read without torch, and any one array read without the others
+ARRAYS = "arrays.npz"
+ZIP_MAGIC = b"PK\x03\x04"
 
 
 # what the fetch stage writes (download.convert): name -> the shape of one sample
@@ -32,48 +38,68 @@ SAMPLE_SHAPES = {
 REFETCH = "run the fetch stage again (dvc repro fetch, or python -m pipeline.fetch)"
 
 
-def load_tensors(data_dir: Path = DATA_DIR, mmap: bool = False) -> dict[str, Tensor]:
-    """The fetch stage's tensors, checked: a damaged or foreign file is bad input naming the
-    fix, on every rank alike (each reads the same file before any collective). `mmap`: the
-    tensors' data is read only where it is used (the launcher reads the labels alone)."""
-    import torch
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    np.savez(path, allow_pickle=False, **arrays)
 
-    path = data_dir / TENSORS
+
+def load_arrays(
+    data_dir: Path = DATA_DIR, names: Iterable[str] = SAMPLE_SHAPES
+) -> dict[str, np.ndarray]:
+    """The fetch stage's arrays of these `names`, checked: a damaged or foreign file is bad
+    input naming the fix, on every rank alike (each reads the same file before any
+    collective). Only the named arrays are read (the launcher reads the training labels)."""
+    path = data_dir / ARRAYS
     if not path.exists():
         raise UserError(f"{path}: not found; run the fetch stage first (dvc repro fetch)")
+    arrays: dict[str, np.ndarray] = {}
     try:
-        tensors = torch.load(path, weights_only=True, mmap=mmap)
-        problem = _tensors_problem(tensors)
-    except Exception as err:  # noqa: BLE001 - whatever torch.load makes of a damaged file
+        with path.open("rb") as f:
+            is_zip = f.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+        if not is_zip:
+            problem: str | None = "not numpy's .npz of the fetched arrays"
+        else:
+            with np.load(path, allow_pickle=False) as saved:
+                problem = _names_problem(saved.files)
+                arrays = {} if problem else {name: saved[name] for name in names}
+            problem = problem or _arrays_problem(arrays)
+    except Exception as err:  # noqa: BLE001 - whatever numpy and zipfile make of a damaged file
         problem = first_sentence(err)
     if problem is not None:
         raise UserError(f"{path}: corrupt ({problem}); {REFETCH}")
-    assert isinstance(tensors, dict)  # _tensors_problem refuses anything else
-    return tensors
+    return arrays
 
 
-def _tensors_problem(tensors: Any) -> str | None:
+def load_tensors(data_dir: Path = DATA_DIR) -> dict[str, Tensor]:
+    """All four arrays as torch tensors, sharing their memory."""
     import torch
 
-    if not isinstance(tensors, dict) or set(tensors) != set(SAMPLE_SHAPES):
-        keys = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
-        return f"holds {keys}, expected {', '.join(SAMPLE_SHAPES)}"
-    for name, shape in SAMPLE_SHAPES.items():
-        t = tensors[name]
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.shape[1:] != shape:
-            return f"{name} is not uint8 samples of shape {shape}"
+    return {name: torch.from_numpy(a) for name, a in load_arrays(data_dir).items()}
+
+
+def _names_problem(names: list[str]) -> str | None:
+    if set(names) != set(SAMPLE_SHAPES):
+        return f"holds {sorted(names)}, expected {', '.join(SAMPLE_SHAPES)}"
+    return None
+
+
+def _arrays_problem(arrays: dict[str, Any]) -> str | None:
+    for name, a in arrays.items():
+        if a.dtype != np.uint8 or a.shape[1:] != SAMPLE_SHAPES[name]:
+            return f"{name} is not uint8 samples of shape {SAMPLE_SHAPES[name]}"
     for split in ("train", "test"):
-        images, labels = tensors[f"{split}_images"], tensors[f"{split}_labels"]
-        if len(images) != len(labels) or len(labels) == 0:
+        images, labels = arrays.get(f"{split}_images"), arrays.get(f"{split}_labels")
+        if any(a is not None and len(a) == 0 for a in (images, labels)):
+            return f"no {split} samples"
+        if images is not None and labels is not None and len(images) != len(labels):
             return f"{len(images)} {split} images, {len(labels)} labels"
-        if int(labels.max()) > 9:
+        if labels is not None and int(labels.max()) > 9:
             return f"{split} label {int(labels.max())}, expected 0 to 9"
     return None
 
 
 def train_samples(limit_train: int | None, data_dir: Path = DATA_DIR) -> int:
     """How many training samples a run draws from: the fetched set, cut to data.limit_train.
-    Memory-mapped: only the headers and the labels are read, so the launcher can check the
-    data and plan the batch before any worker loads it."""
-    n = len(load_tensors(data_dir, mmap=True)["train_labels"])
+    Only the labels are read, so the launcher can check them and plan the batch before any
+    worker loads the images (which every worker checks as it does)."""
+    n = len(load_arrays(data_dir, ["train_labels"])["train_labels"])
     return min(n, limit_train) if limit_train is not None else n

@@ -14,7 +14,7 @@ import yaml
 from torch import nn
 
 from pipeline.data.device_data import normalize
-from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
+from pipeline.data.fashion_mnist import DATA_DIR, load_arrays
 from pipeline.errors import UserError, first_line
 from pipeline.results import CONFIG, MODEL, RERUN, SUMMARY, RunSummary, headline
 from pipeline.tracking.mlflow_run import ModelSource
@@ -47,8 +47,8 @@ def plain_model(out_dir: Path) -> nn.Sequential:
 
 def input_example(data_dir: Path = DATA_DIR, n: int = EXAMPLE_IMAGES) -> np.ndarray:
     """The first `n` test images, normalized as training feeds them: float32 [n, 1, 28, 28]."""
-    tensors = load_tensors(data_dir, mmap=True)
-    return normalize(tensors["test_images"][:n]).numpy()
+    images = load_arrays(data_dir, ["test_images"])["test_images"][:n]
+    return normalize(torch.from_numpy(images)).numpy()
 
 
 def final_figures(out_dir: Path) -> dict[str, float]:

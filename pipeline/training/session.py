@@ -23,7 +23,7 @@ import torch.distributed as dist
 from pipeline import memory
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, to_device
-from pipeline.data.fashion_mnist import DATA_DIR, TENSORS, load_tensors
+from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, load_arrays
 from pipeline.results import CHECKPOINTS, EpochRow, RunSummary
 from pipeline.timeline import mark
 from pipeline.training.build import Training, build_training
@@ -87,13 +87,13 @@ def run(
     stop = StopRequest(control_group, ctx.world_size)
     hooks = hooks_from_env(ctx.rank, lambda: stop.flag)
     torch.manual_seed(spec.seed)
-    data = to_device(load_tensors(), ctx.device, spec.data.limit_train, spec.data.limit_test)
+    data = to_device(load_arrays(), ctx.device, spec.data.limit_train, spec.data.limit_test)
     mark("data on device", ctx.rank)
     plan = spec.job_plan(ctx.world_size, len(data.train_labels))
     training = build_training(spec, ctx, data, plan)
     mark("model built", ctx.rank)
     hardware = run_hardware(ctx, training.run.devices, training.prec.name)
-    identity = run_identity(spec, ctx.world_size, DATA_DIR / TENSORS, hardware)
+    identity = run_identity(spec, ctx.world_size, DATA_DIR / ARRAYS, hardware)
     policy = CheckpointPolicy(
         spec.checkpoint, spec.train.epochs, CHECKPOINTS / name, identity, ctx, training.run.writer
     )

@@ -74,7 +74,7 @@ CASES = [
     # read by the launcher before torchrun starts
     ("train", "checkpoints/ddp/latest.json", truncated, ["latest.json: corrupt checkpoint"]),
     ("train", "checkpoints/ddp/run.json", truncated, ["run.json: corrupt MLflow run record"]),
-    ("train", "data/fashion-mnist/tensors.pt", truncated, ["tensors.pt: corrupt"]),
+    ("train", "data/fashion-mnist/arrays.npz", truncated, ["arrays.npz: corrupt"]),
     # the compare stage's and publish's reads
     ("compare", "results/ddp/summary.json", truncated, ["summary.json: not a run summary"]),
     ("compare", "results/ddp/history.csv", garbage, ["history.csv: not a history"]),
@@ -85,7 +85,7 @@ CASES = [
 # the one command each file's line must name
 FIXES = {
     "checkpoints/ddp/run.json": "rm checkpoints/ddp/run.json",
-    "data/fashion-mnist/tensors.pt": "dvc repro fetch",
+    "data/fashion-mnist/arrays.npz": "dvc repro fetch",
     "results/ddp/summary.json": "python -m pipeline.train ddp",
     "results/ddp/history.csv": "python -m pipeline.train ddp",
 }

@@ -34,6 +34,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from pipeline import strategies
+from pipeline.data.fashion_mnist import load_tensors
 from pipeline.training.model import resnet18
 from support import MlflowServer, dvc, free_port, run
 
@@ -66,7 +67,7 @@ def standalone_eval(project: Path, strategy: str) -> tuple[float, float]:
     model = resnet18(cfg["model"]["width"])
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
     model.eval()
-    tensors = torch.load(project / "data/fashion-mnist/tensors.pt", weights_only=True)
+    tensors = load_tensors(project / "data/fashion-mnist")
     n = cfg["data"]["limit_test"] or len(tensors["test_labels"])
     images = (tensors["test_images"][:n].float() / 255 - MEAN) / STD
     labels = tensors["test_labels"][:n].long()

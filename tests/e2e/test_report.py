@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from pipeline import strategies
+from pipeline.data.fashion_mnist import load_tensors
 from pipeline.reporting import table
 from pipeline.reporting.answer import OBJECTIVE_ALIASES as ALIASES
 from pipeline.reporting.plots import PLOTS
@@ -300,7 +301,7 @@ def accuracy(project, strategy, model) -> float:
     """Test accuracy of `model` on the run's test set, normalized as the invariants tests
     evaluate model.pt (tests/e2e/test_invariants.py `standalone_eval`)."""
     cfg = yaml.safe_load((project / f"results/{strategy}/config.yaml").read_text())
-    tensors = torch.load(project / "data/fashion-mnist/tensors.pt", weights_only=True)
+    tensors = load_tensors(project / "data/fashion-mnist")
     n = cfg["data"]["limit_test"] or len(tensors["test_labels"])
     images = (tensors["test_images"][:n].float() / 255 - 0.2860) / 0.3530
     labels = tensors["test_labels"][:n].long()

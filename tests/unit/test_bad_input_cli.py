@@ -236,7 +236,7 @@ def test_training_without_fetched_data_says_what_to_run(project):
         line = refused(project, "pipeline.train", "dp")
     finally:
         data.with_name("aside").rename(data)
-    assert "data/fashion-mnist/tensors.pt: not found" in line and "dvc repro fetch" in line
+    assert "data/fashion-mnist/arrays.npz: not found" in line and "dvc repro fetch" in line
 
 
 def test_unwritable_output_directory(project):

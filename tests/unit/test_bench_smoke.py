@@ -5,9 +5,8 @@ import json
 import subprocess
 import sys
 
-import torch
-
 from pipeline.data.download import convert
+from pipeline.data.fashion_mnist import ARRAYS, write_arrays
 from pipeline.strategies import NAMES
 from support import REPO
 
@@ -26,7 +25,7 @@ def fetched(tmp_path, raw_dataset):
     (data / "raw").mkdir(parents=True)
     for gz in raw_dataset[0].glob("*.gz"):
         (data / "raw" / gz.name).write_bytes(gz.read_bytes())
-    torch.save(convert(data / "raw"), data / "tensors.pt")
+    write_arrays(data / ARRAYS, convert(data / "raw"))
     return data
 
 

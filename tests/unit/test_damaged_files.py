@@ -9,6 +9,7 @@ import json
 import pickle
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -17,7 +18,13 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.config import load_config
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
-from pipeline.data.fashion_mnist import load_tensors
+from pipeline.data.fashion_mnist import (
+    ARRAYS,
+    load_arrays,
+    load_tensors,
+    train_samples,
+    write_arrays,
+)
 from pipeline.data.loaders import Feed, make_batches
 from pipeline.errors import UserError
 from pipeline.results import read_checkpoint_record
@@ -157,40 +164,86 @@ def test_a_damaged_run_record(tmp_path, text):
 
 
 def fetched(**changes):
-    images = torch.zeros(4, 28, 28, dtype=torch.uint8)
-    labels = torch.zeros(4, dtype=torch.uint8)
-    tensors = {"train_images": images, "train_labels": labels}
-    return {**tensors, "test_images": images, "test_labels": labels, **changes}
+    images = np.zeros((4, 28, 28), dtype=np.uint8)
+    labels = np.zeros(4, dtype=np.uint8)
+    arrays = {"train_images": images, "train_labels": labels}
+    return {**arrays, "test_images": images, "test_labels": labels, **changes}
 
 
-TENSORS = {
-    "another dict": ({"x": torch.zeros(1)}, "holds ['x']"),
-    "float images": (fetched(train_images=torch.zeros(4, 28, 28)), "train_images is not uint8"),
+# what is written as data/fashion-mnist/arrays.npz -> the words of its refusal, and whether
+# the launcher, which reads the training labels alone, refuses it too (the workers read all)
+ARRAYS_FILES = {
+    "another dict": (lambda p: write_arrays(p, {"x": np.zeros(1)}), "holds ['x']", True),
+    "tensors.pt, renamed": (lambda p: torch.save({"x": torch.zeros(1)}, p), "holds [", True),
+    "garbage": (DAMAGE["garbage"], "not numpy's .npz", True),
+    "empty": (DAMAGE["empty"], "not numpy's .npz", True),
+    "truncated": (
+        lambda p: (write_arrays(p, fetched()), DAMAGE["truncated"](p)),
+        "not a zip file",
+        True,
+    ),
+    "float images": (
+        lambda p: write_arrays(p, fetched(train_images=np.zeros((4, 28, 28)))),
+        "train_images is not uint8",
+        False,
+    ),
     "images of 32x32": (
-        fetched(test_images=torch.zeros(4, 32, 32, dtype=torch.uint8)),
+        lambda p: write_arrays(p, fetched(test_images=np.zeros((4, 32, 32), dtype=np.uint8))),
         "test_images is not uint8 samples of shape (28, 28)",
+        False,
     ),
-    "a label 12": (
-        fetched(test_labels=torch.full((4,), 12, dtype=torch.uint8)),
+    "a train label 12": (
+        lambda p: write_arrays(p, fetched(train_labels=np.full(4, 12, dtype=np.uint8))),
+        "train label 12, expected 0 to 9",
+        True,
+    ),
+    "a test label 12": (
+        lambda p: write_arrays(p, fetched(test_labels=np.full(4, 12, dtype=np.uint8))),
         "test label 12, expected 0 to 9",
+        False,
     ),
-    "labels short": (fetched(train_labels=torch.zeros(3, dtype=torch.uint8)), "4 train images"),
+    "no training samples": (
+        lambda p: write_arrays(
+            p,
+            fetched(
+                train_images=np.zeros((0, 28, 28), dtype=np.uint8),
+                train_labels=np.zeros(0, dtype=np.uint8),
+            ),
+        ),
+        "no train samples",
+        True,
+    ),
+    "labels short": (
+        lambda p: write_arrays(p, fetched(train_labels=np.zeros(3, dtype=np.uint8))),
+        "4 train images, 3 labels",
+        False,
+    ),
 }
+REFETCH_WORDS = "run the fetch stage again (dvc repro fetch, or python -m pipeline.fetch)"
 
 
-@pytest.mark.parametrize("mmap", [False, True], ids=["worker", "launcher"])
-@pytest.mark.parametrize("case", [*TENSORS, "truncated"])
-def test_a_damaged_tensor_file(tmp_path, case, mmap):
-    path = tmp_path / "tensors.pt"
-    if case == "truncated":
-        torch.save(fetched(), path)
-        DAMAGE["truncated"](path)
-        words = "PytorchStreamReader failed"
-    else:
-        torch.save(TENSORS[case][0], path)
-        words = TENSORS[case][1]
-    fix = "run the fetch stage again (dvc repro fetch, or python -m pipeline.fetch)"
-    refusal(lambda: load_tensors(tmp_path, mmap=mmap), f"{path}: corrupt (", words, fix)
+@pytest.mark.parametrize("case", ARRAYS_FILES)
+def test_a_damaged_arrays_file(tmp_path, case):
+    write, words, launcher_sees_it = ARRAYS_FILES[case]
+    path = tmp_path / ARRAYS
+    write(path)
+    refusal(lambda: load_arrays(tmp_path), f"{path}: corrupt (", words, REFETCH_WORDS)
+    if launcher_sees_it:
+        refusal(lambda: train_samples(None, tmp_path), f"{path}: corrupt (", words)
+    else:  # the launcher plans on the training labels; the workers refuse the file
+        labels = load_arrays(tmp_path, ["train_labels"])["train_labels"]
+        assert train_samples(None, tmp_path) == len(labels)
+
+
+def test_the_fetched_arrays_load_as_written(tmp_path):
+    written = fetched(train_labels=np.arange(4, dtype=np.uint8))
+    write_arrays(tmp_path / ARRAYS, written)
+    loaded = load_arrays(tmp_path)
+    assert loaded.keys() == written.keys()
+    assert all(np.array_equal(loaded[k], written[k]) for k in written)
+    assert train_samples(None, tmp_path) == 4 and train_samples(3, tmp_path) == 3
+    tensors = load_tensors(tmp_path)
+    assert tensors["train_labels"].tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "missing"])

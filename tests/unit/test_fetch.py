@@ -5,10 +5,10 @@ import socket
 
 import numpy as np
 import pytest
-import torch
 
 from pipeline.config import DataConfig
 from pipeline.data.download import fetch, md5sum, source_url
+from pipeline.data.fashion_mnist import ARRAYS, load_arrays
 from pipeline.data.idx import idx_bytes, read_idx
 from pipeline.errors import UserError
 from support import run, write_raw
@@ -31,12 +31,12 @@ def leftovers(parent):
 
 def test_fetch_over_http_verifies_and_converts(tmp_path, http_mirror):
     out = tmp_path / "data" / "fashion-mnist"
-    tensors = fetch(data_config([http_mirror.url], http_mirror.md5), out)
-    assert tensors["train_images"].shape == (512, 28, 28)
-    assert tensors["train_images"].dtype == torch.uint8
-    assert tensors["test_labels"].shape == (128,)
-    saved = torch.load(out / "tensors.pt", weights_only=True)
-    assert torch.equal(saved["train_labels"], tensors["train_labels"])
+    arrays = fetch(data_config([http_mirror.url], http_mirror.md5), out)
+    assert arrays["train_images"].shape == (512, 28, 28)
+    assert arrays["train_images"].dtype == np.uint8
+    assert arrays["test_labels"].shape == (128,)
+    saved = load_arrays(out)
+    assert all(np.array_equal(saved[k], arrays[k]) for k in arrays)
     for name, digest in http_mirror.md5.items():
         assert md5sum(out / "raw" / name) == digest
     assert leftovers(out.parent) == ["fashion-mnist"]
@@ -56,7 +56,7 @@ def test_falls_through_to_the_next_mirror(tmp_path, http_mirror):
         ),
         out,
     )
-    assert (out / "tensors.pt").exists()
+    assert (out / ARRAYS).exists()
 
 
 def test_every_mirror_failing_lists_each_cause(tmp_path, http_mirror):
@@ -143,7 +143,7 @@ def test_a_failed_refetch_keeps_the_previous_data(tmp_path, http_mirror):
     fetch(data_config([http_mirror.url], http_mirror.md5), out)
     with pytest.raises(UserError):
         fetch(data_config([closed_port_url()], http_mirror.md5), out)
-    assert (out / "tensors.pt").exists() and leftovers(out.parent) == ["fashion-mnist"]
+    assert (out / ARRAYS).exists() and leftovers(out.parent) == ["fashion-mnist"]
 
 
 def test_read_idx_round_trip(tmp_path):
@@ -173,6 +173,21 @@ def test_cli_exit_code_2_and_one_line(tmp_path, http_mirror):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: could not fetch")
     assert not (project / "data" / "fashion-mnist").exists()
+
+
+def test_the_fetch_stage_runs_without_torch(tmp_path, http_mirror):
+    """It writes numpy's .npz, so a torch that cannot be imported does not stop it: the
+    stage starts in a fraction of a second."""
+    from support import make_project, tiny_params
+
+    blocker = tmp_path / "no-torch" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('the fetch stage imported torch')\n")
+    project = make_project(tmp_path / "p", tiny_params(http_mirror))
+    run(project, "python", "-m", "pipeline.fetch", PYTHONPATH=str(blocker.parent))
+    assert load_arrays(project / "data" / "fashion-mnist")["train_images"].shape == (512, 28, 28)
+    proc = run(project, "python", "-c", "import torch", PYTHONPATH=str(blocker.parent), check=False)
+    assert "the fetch stage imported torch" in proc.stderr  # the blocker blocks
 
 
 @pytest.mark.skipif(

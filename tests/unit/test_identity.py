@@ -109,7 +109,7 @@ def test_the_identity_covers_the_code_this_process_imported(tmp_path):
     assert "pipeline/strategies/ddp.py" in code and "pipeline/training/loop.py" in code
     assert "pipeline/config/schema.py" in code and "pipeline/memory.py" in code
     assert not any(k.startswith("pipeline/tracking/") for k in code)
-    data = tmp_path / "tensors.pt"
+    data = tmp_path / "arrays.npz"
     data.write_bytes(b"0123")
     first = run_identity(resolve_run(Config(), "ddp"), 2, data, HW)
     cfg = Config()
@@ -197,7 +197,7 @@ def test_every_file_the_train_stage_depends_on_is_in_the_identity_or_named_outsi
 def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
     """Editing fsdp.nproc must not stop ddp from resuming its own checkpoint; editing a key
     of ddp's own that shapes its trajectory must."""
-    data = tmp_path / "tensors.pt"
+    data = tmp_path / "arrays.npz"
     data.write_bytes(b"0123")
     cfg = Config()
     first = run_identity(resolve_run(cfg, "ddp"), 2, data, HW)
@@ -272,7 +272,7 @@ def test_the_record_of_a_mixed_gpu_job_holds_each_capability_and_its_one_precisi
 def test_the_world_size_counts_only_where_the_trajectory_depends_on_it(tmp_path):
     """ddp and fsdp with SyncBN compute the same at any world size: their checkpoints resume
     at another one, resharded. Without SyncBN each rank's BatchNorm sees its own share."""
-    data = tmp_path / "tensors.pt"
+    data = tmp_path / "arrays.npz"
     data.write_bytes(b"0123")
     on = [local_facts(["cpu"], "fp32", world, cpu=lambda: "AMD EPYC (AVX512)") for world in (2, 3)]
     cfg = Config()

@@ -6,11 +6,13 @@ import json
 
 import mlflow
 import mlflow.pytorch
+import numpy as np
 import pytest
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from pipeline.data.fashion_mnist import ARRAYS, write_arrays
 from pipeline.reporting import answer
 from pipeline.reporting.report import register
 from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
@@ -42,11 +44,10 @@ def results(tmp_path):
     torch.save(trained.state_dict(), out / MODEL)
     summary = run_summary("ddp", ["cpu", "cpu"], 2.0, 0.75, {"peak_memory_mib": {"cpu_0": 900.0}})
     (out / SUMMARY).write_text(json.dumps(summary.to_json()))
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (8, 28, 28), dtype=torch.uint8, generator=generator)
-    labels = torch.zeros(8, dtype=torch.uint8)  # a whole fetched set: its reader checks it
-    tensors = {"train_images": images, "train_labels": labels}
-    torch.save({**tensors, "test_images": images, "test_labels": labels}, data / "tensors.pt")
+    images = np.random.default_rng(0).integers(0, 256, (8, 28, 28), dtype=np.uint8)
+    labels = np.zeros(8, dtype=np.uint8)  # a whole fetched set: its reader checks it
+    arrays = {"train_images": images, "train_labels": labels}
+    write_arrays(data / ARRAYS, {**arrays, "test_images": images, "test_labels": labels})
     return out, data, trained
 
 

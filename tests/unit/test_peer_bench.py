@@ -85,18 +85,15 @@ def test_without_lightning_it_exits_2_naming_the_make_target():
 
 @pytest.fixture
 def fetched(tmp_path) -> Path:
-    """A directory as a project's fetch stage leaves it: tiny learnable tensors."""
-    import torch
-
+    """A directory as a project's fetch stage leaves it: tiny learnable arrays."""
+    from pipeline.data.fashion_mnist import ARRAYS, write_arrays
     from pipeline.data.synthetic import synthetic_split
 
-    tensors = {}
+    arrays = {}
     for split, n, seed in (("train", 256, 1), ("test", 128, 2)):
-        images, labels = synthetic_split(n, seed)
-        tensors[f"{split}_images"] = torch.from_numpy(images)
-        tensors[f"{split}_labels"] = torch.from_numpy(labels)
+        arrays[f"{split}_images"], arrays[f"{split}_labels"] = synthetic_split(n, seed)
     (tmp_path / "data" / "fashion-mnist").mkdir(parents=True)
-    torch.save(tensors, tmp_path / "data" / "fashion-mnist" / "tensors.pt")
+    write_arrays(tmp_path / "data" / "fashion-mnist" / ARRAYS, arrays)
     return tmp_path
 
 

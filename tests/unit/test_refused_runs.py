@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.data.download import convert
-from pipeline.data.fashion_mnist import DATA_DIR, TENSORS
+from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, write_arrays
 from pipeline.errors import UserError
 from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RUN_RECORD
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, new_record
@@ -58,10 +58,8 @@ def statuses(client: MlflowClient) -> list[str]:
 def test_bad_input_found_mid_run_leaves_the_run_failed(store, raw_dataset, monkeypatch):
     """The worker's user-error path: the session's MLflow run was open (its first epoch
     trained) when the error came, and it ends FAILED, in MLflow and in run.json."""
-    import torch
-
     DATA_DIR.mkdir(parents=True)
-    torch.save(convert(raw_dataset[0]), DATA_DIR / TENSORS)
+    write_arrays(DATA_DIR / ARRAYS, convert(raw_dataset[0]))
 
     def bad_input(*args, **kwargs):
         raise UserError("found mid-run")
