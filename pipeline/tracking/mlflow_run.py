@@ -106,6 +106,7 @@ def new_record(
         "model_logged": False,
         "status": RUNNING,
         "status_logged": None,
+        "started_at": time.time(),  # the run's start in MLflow, wherever it is created
     }
 
 
@@ -326,6 +327,9 @@ def _record_problem(record: Any) -> str | None:
             return f"{key}: got {record.get(key)!r:.40}"
     if record["status"] not in (RUNNING, FINISHED, FAILED, KILLED):
         return f"status: got {record['status']!r:.40}"
+    started = record.get("started_at", 0.0)  # records of earlier versions have none
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        return f"started_at: got {started!r:.40}"
     return None
 
 
@@ -377,8 +381,10 @@ def publish_run(
             status_logged=None,
         )
     if record["run_id"] is None:
+        started = record.get("started_at")  # absent from records of earlier versions
         run = client.create_run(
             experiment_id(client, record["experiment"]),
+            start_time=int(started * 1000) if started else None,
             run_name=record["run_name"],
             tags=record["tags"],
         )
@@ -412,9 +418,18 @@ def publish_run(
         if status == RUNNING:
             client.update_run(run_id, status=RUNNING)
         else:
-            client.set_terminated(run_id, status)
+            client.set_terminated(run_id, status, end_time=finished_at_ms(status, history))
         record["status_logged"] = status
     save()
+
+
+def finished_at_ms(status: str, history: list[EpochRow]) -> int | None:
+    """When a FINISHED run ended: its last epoch's end. A stage run again that finds nothing
+    left to train (its finished checkpoint) then leaves the run's end, and the duration MLflow
+    shows, as they were, and a run pushed to another store later keeps its own. A stopped or
+    failed run ends now (None)."""
+    ends = [row.ended_at for row in history if row.ended_at]
+    return int(max(ends) * 1000) if status == FINISHED and ends else None
 
 
 def log_final_model(

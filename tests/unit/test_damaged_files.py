@@ -150,6 +150,7 @@ RUN_RECORDS = {
     run_record(status="DONE"): "status: got 'DONE'",
     run_record(tags=["a"]): "tags: got ['a']",
     run_record(run_id=7): "run_id: got 7",
+    run_record(started_at="noon"): "started_at: got 'noon'",
     json.dumps({"fingerprint": "k", "status": "RUNNING"}): "experiment: got None",  # half
     "\x00\x01": "Expecting value",
 }
@@ -161,6 +162,14 @@ def test_a_damaged_run_record(tmp_path, text):
     path.write_text(text)
     refusal(lambda: read_record(path), "run.json: corrupt MLflow run record", RUN_RECORDS[text])
     assert read_record(tmp_path / "none.json") == {}  # none at all is not damage
+
+
+def test_a_run_record_of_an_earlier_version_without_its_start_reads(tmp_path):
+    record = json.loads(run_record())
+    del record["started_at"]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    assert read_record(path) == record
 
 
 def fetched(**changes):

@@ -4,6 +4,7 @@ step metrics, moving to another store, system metrics, and the comparison parent
 import json
 import socket
 import threading
+import time
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -158,8 +159,37 @@ def test_step_metrics_wait_for_the_run_to_exist():
     assert steps.queue.qsize() == 0 and not steps.warned
 
 
+def test_a_finished_run_keeps_its_start_and_end_when_its_stage_runs_again(tracker, tmp_path):
+    """A stage run again that finds its run finished (nothing left to train) hands on the same
+    numbers: the run ends in MLflow when its last epoch did, then and after the rerun, so the
+    duration MLflow shows stays the run's."""
+    client = MlflowClient()
+    started = client.get_run(tracker.run_id).info.start_time
+    last_epoch_ended = started / 1000 + 2.5
+    history = [epoch(1, started / 1000 + 1.0), epoch(2, last_epoch_ended)]
+    tracker.publish(history, status="FINISHED")
+    assert client.get_run(tracker.run_id).info.end_time == int(last_epoch_ended * 1000)
+    again = Tracker(
+        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=False
+    )
+    again.publish(history)
+    assert client.get_run(tracker.run_id).info.status == "RUNNING"  # its stage runs again
+    again.publish(history, status="FINISHED")
+    info = client.get_run(tracker.run_id).info
+    assert (info.start_time, info.end_time) == (started, int(last_epoch_ended * 1000))
+
+
+def test_a_stopped_run_ends_when_it_stopped(tracker):
+    client = MlflowClient()
+    epoch_ended = client.get_run(tracker.run_id).info.start_time / 1000 + 0.001
+    stopped = time.time()
+    tracker.publish([epoch(1, epoch_ended)], status="KILLED")  # stopped in epoch 2
+    assert client.get_run(tracker.run_id).info.end_time >= int(stopped * 1000)
+
+
 def test_another_store_gets_the_whole_run_from_disk(tracker, tmp_path, monkeypatch):
-    history = [epoch(1), epoch(2)]
+    started = tracker.record["started_at"]
+    history = [epoch(1, started + 1.0), epoch(2, started + 2.0)]
     tracker.publish(history, status="FINISHED")
     first = tracker.run_id
     other = f"sqlite:///{tmp_path / 'other.db'}"
@@ -168,6 +198,11 @@ def test_another_store_gets_the_whole_run_from_disk(tracker, tmp_path, monkeypat
     assert tracker.run_id != first and tracker.record["tracking_uri"] == other
     run = MlflowClient(tracking_uri=other).get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
+    # its own start and end, not when it was pushed here
+    assert (run.info.start_time, run.info.end_time) == (
+        int(started * 1000),
+        int(started * 1000) + 2000,
+    )
     steps = [m.step for m in MlflowClient(other).get_metric_history(tracker.run_id, "test_acc")]
     assert steps == [1, 2]
 
