@@ -74,23 +74,27 @@ def bare(project: Path, env: dict, size: tuple) -> dict[str, float]:
     return marked("benchmarks.bare_loop", project, env, size)
 
 
-def marked(module: str, project: Path, env: dict, size: tuple) -> dict[str, float]:
-    """`python -m module` with the size's settings, timed as a process, and its own marks of
-    when training started and ended."""
+def marked(module: str, project: Path, env: dict, size: tuple, *extra: str) -> dict[str, float]:
+    """`python -m module` with the size's settings (and `extra` arguments), timed as a
+    process, and its own marks of when training started and ended (and, where it marks it,
+    when its first step was queued)."""
     width, _, _, epochs, batch = size
     marks_file = project / "marks.json"
     marks_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", module, "--width", str(width)]
     cmd += ["--epochs", str(epochs), "--batch-size", str(batch), "--marks", str(marks_file)]
     spawned = time.time()
-    wall = timed(cmd, project, env)
+    wall = timed([*cmd, *extra], project, env)
     marks = json.loads(marks_file.read_text())
-    return {
+    result = {
         "wall_s": wall,
         "before_train_s": marks["train_start"] - spawned,
         "train_s": marks["train_end"] - marks["train_start"],
         "test_acc": marks["test_acc"],
     }
+    if "first_step" in marks:
+        result["first_step_s"] = marks["first_step"] - spawned
+    return result
 
 
 def timed(cmd: list[str], cwd: Path, env: dict) -> float:

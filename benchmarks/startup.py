@@ -25,7 +25,6 @@ each of its steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from benchmarks.bench import machine, write_result
 from benchmarks.e2e import project_copy, torch_device
+from benchmarks.peer import marked
 from pipeline.data.synthetic import write_synthetic
 from pipeline.timeline import ENV as TIMELINE_ENV
 from pipeline.training.launcher import START_METHOD_ENV
@@ -102,30 +102,14 @@ def one_run(project: Path, strategy: str, start_method: str, timeline: Path) -> 
     return {phase: marks[b] - marks[a] for phase, a, b in PHASES}
 
 
-def one_floor(project: Path, marks: Path) -> dict[str, float]:
+def one_floor(project: Path) -> dict[str, float]:
     """TINY's job as a bare PyTorch loop: when its first step was queued and when it ended,
     counted from the command, as a stage's phases are."""
     tiny = dict(item.split("=", 1) for item in TINY)
-    options = {
-        "--width": "model.width",
-        "--epochs": "train.epochs",
-        "--batch-size": "train.batch_size",
-        "--limit-train": "data.limit_train",
-        "--limit-test": "data.limit_test",
-    }
-    cmd = [sys.executable, "-m", "benchmarks.bare_loop", "--marks", str(marks)]
-    for option, key in options.items():
-        cmd += [option, tiny[key]]
-    marks.unlink(missing_ok=True)
-    spawned = time.time()
-    proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
-    exited = time.time()
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return {
-        FIRST_STEP: json.loads(marks.read_text())["first_step"] - spawned,
-        "wall": exited - spawned,
-    }
+    size = (tiny["model.width"], None, None, tiny["train.epochs"], tiny["train.batch_size"])
+    limits = ["--limit-train", tiny["data.limit_train"], "--limit-test", tiny["data.limit_test"]]
+    floor = marked("benchmarks.bare_loop", project, dict(os.environ), size, *limits)
+    return {FIRST_STEP: floor["first_step_s"], "wall": floor["wall_s"]}
 
 
 # the quickstart's last line: "quickstart: done in 41 s (fetch 0.3, single 5.1, ... s): ..."
@@ -174,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
         one_run(project, "single", "fork", timeline)  # the store's tables, the file cache
         floors = []
         for i in range(args.runs):
-            floors.append(one_floor(project, Path(tmp) / "floor.json"))
+            floors.append(one_floor(project))
             print(
                 f"startup: bare loop run {i + 1}: first step {floors[-1][FIRST_STEP]:.2f} s",
                 flush=True,
