@@ -51,10 +51,11 @@ PROJECT_FILES = [
 ]
 
 
-def project_copy(dest: Path, mirror: Path) -> Path:
-    """The project in `dest`, a git repository, with params.yaml fetching from `mirror`."""
+def project_copy(dest: Path, mirror: Path, source: Path = REPO) -> Path:
+    """The project in `dest` (a copy of `source`, another checkout if need be), a git
+    repository, with params.yaml fetching from `mirror`."""
     for name in PROJECT_FILES:
-        src, target = REPO / name, dest / name
+        src, target = source / name, dest / name
         if src.is_dir():
             shutil.copytree(
                 src, target, ignore=shutil.ignore_patterns("__pycache__", "cache", "tmp")

@@ -6,10 +6,10 @@
 A generated block is the text between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->` in
 README.md or docs/*.md; BLOCKS below says which file of benchmarks/results/ each NAME is
 rendered from. The numbers are never typed by hand: a new measurement is a new JSON, then one
-run of this command. The startup, stress-exit, peer and suite-cpu blocks take the newest
-`*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` / `*-suite-cpu-*.json`
-(benchmarks/startup.py, stress_exit.py, peer.py and suite_cpu.py write them); while none is
-committed their blocks stay empty.
+run of this command. The startup, stress-exit, peer, suite-cpu and sync-bn blocks take the
+newest `*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` / `*-suite-cpu-*.json` /
+`*-sync-bn-*.json` (benchmarks/startup.py, stress_exit.py, peer.py, suite_cpu.py and
+sync_bn.py write them); while none is committed their blocks stay empty.
 """
 
 from __future__ import annotations
@@ -321,6 +321,31 @@ def suite_cpu_block(path: Path) -> list[str]:
     ]
 
 
+# ---- benchmarks/sync_bn.py
+
+
+def sync_bn_block(path: Path) -> list[str]:
+    from benchmarks.sync_bn import table as sync_bn_table
+
+    result = json.loads(path.read_text())
+    info, load, settings = result["info"], result["load_average"], result["settings"]
+    others = [name for name in settings["trees"] if name != "this"]
+    return [
+        paragraph(
+            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
+            f"{info['torch']}; medians of {settings['runs']} rounds, the rows taking turns, "
+            f"each a whole `python -m pipeline.train STRATEGY {' '.join(settings['job'])}` "
+            "(2 gloo processes), timed by its steady epoch (metrics.json); 1-minute load "
+            f"average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after."
+            + "".join(
+                f" Rows marked ({name}) ran from another checkout (`--tree`)." for name in others
+            )
+        ),
+        "",
+        sync_bn_table(result),
+    ]
+
+
 # ---- the blocks
 
 
@@ -353,6 +378,7 @@ BLOCKS = [
     Block("stress-exit", stress_exit_block, newest="*-stress-exit-*.json"),
     Block("peer", peer_block, newest="*-peer-*.json"),
     Block("suite-cpu", suite_cpu_block, newest="*-suite-cpu-*.json"),
+    Block("sync-bn", sync_bn_block, newest="*-sync-bn-*.json"),
 ]
 MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
 OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")

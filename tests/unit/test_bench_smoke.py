@@ -117,3 +117,23 @@ def test_profile_step_reports_the_step_and_its_operators(tmp_path, raw_dataset):
     assert "ddp model.width=2 train.batch_size=32 | batch 32" in proc.stdout
     assert "step: " in proc.stdout and "Self CPU time total" in proc.stdout
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+def test_sync_bn_rows_per_tree_and_ratios_within_each_round():
+    """benchmarks/sync_bn.py's plan and arithmetic: each chosen strategy's rows, once per
+    tree, another tree named in the label; a ratio is the median of the per-round ratios."""
+    from pathlib import Path
+
+    from benchmarks.sync_bn import plan, ratios
+
+    rows = plan(["ddp"], {"this": REPO, "old": Path("/elsewhere")})
+    assert [(label, tree) for label, _, _, tree in rows] == [
+        ("ddp, sync_bn off", "this"),
+        ("ddp, sync_bn on", "this"),
+        ("ddp, sync_bn off (old)", "old"),
+        ("ddp, sync_bn on (old)", "old"),
+    ]
+    assert all(strategy == "ddp" for _, strategy, _, _ in rows)
+    assert rows[1][2] == ["ddp.sync_bn=true"]
+    rounds = [{"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 3.0}, {"a": 1.0, "b": 5.0}]
+    assert ratios(rounds) == {"a": 1.0, "b": 2.0}  # the per-round ratios 2, 1.5 and 5

@@ -1,0 +1,170 @@
+"""What synchronised BatchNorm costs a 2-process data-parallel job on the CPU.
+
+    python -m benchmarks.sync_bn                      # ddp and fsdp, sync_bn on and off
+    python -m benchmarks.sync_bn --tree ../old        # the same rows from another checkout too
+
+`sync_bn: true` (the default of ddp and fsdp) normalises over the global micro-batch, as
+`single` does, at the price of a collective per BatchNorm layer in forward and in backward:
+on gloo that is where a CPU job's time goes. Each row is a whole train stage, `python -m
+pipeline.train STRATEGY` with 2 gloo processes, on synthetic Fashion-MNIST-shaped images in a
+throw-away project copy; what is compared is its steady epoch time (metrics.json: the median
+epoch after the first). The rows take turns, each going first in turn, so load falls on all
+alike; a row's ratio is the median over rounds of its epoch over the first row's (ddp,
+sync_bn off) in the same round. With --tree, every row also runs from that checkout's
+pipeline/ (its own project copy and data): before and after a change, side by side. The JSON
+(benchmarks/results/<machine>-sync-bn-<date>.json unless --out) holds every run, the medians,
+the ratios, the settings and the 1-minute load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+from benchmarks.bench import REPO
+
+# the job: 2048 images at width 8, batch 64 (32 steps an epoch), 3 epochs
+JOB = [
+    "model.width=8",
+    "train.batch_size=64",
+    "train.epochs=3",
+    "data.limit_train=2048",
+    "data.limit_test=512",
+    "ddp.nproc=2",
+    "fsdp.nproc=2",
+    "mlflow.log_model=false",
+    "report.system_metrics_interval_s=null",
+]
+ROWS = {  # label -> (strategy, overrides); the first is every ratio's denominator
+    "ddp, sync_bn off": ("ddp", ["ddp.sync_bn=false"]),
+    "ddp, sync_bn on": ("ddp", ["ddp.sync_bn=true"]),
+    "fsdp, sync_bn off": ("fsdp", ["fsdp.sync_bn=false"]),
+    "fsdp, sync_bn on": ("fsdp", ["fsdp.sync_bn=true"]),
+}
+
+
+def plan(strategies: list[str], trees: dict[str, Path]) -> list[tuple[str, str, list[str], str]]:
+    """(label, strategy, overrides, tree name) for each row of the chosen strategies, once per
+    tree; a tree other than this one is named in the label."""
+    return [
+        (label if tree == "this" else f"{label} ({tree})", strategy, overrides, tree)
+        for tree in trees
+        for label, (strategy, overrides) in ROWS.items()
+        if strategy in strategies
+    ]
+
+
+def ratios(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each row's median over rounds of its epoch over the first row's in the same round."""
+    first = next(iter(rounds[0]))
+    return {label: statistics.median(r[label] / r[first] for r in rounds) for label in rounds[0]}
+
+
+def prepared(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, str]]:
+    """A project copy of `tree`'s pipeline with its data fetched, and its environment."""
+    from benchmarks.e2e import project_copy
+
+    project = project_copy(dest, mirror, source=tree)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(project),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    subprocess.run(
+        [sys.executable, "-m", "pipeline.fetch"],
+        cwd=project,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return project, env
+
+
+def steady_epoch(project: Path, env: dict[str, str], strategy: str, overrides: list[str]) -> float:
+    for name in ("results", "checkpoints"):
+        shutil.rmtree(project / name, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pipeline.train", strategy, *JOB, *overrides]
+    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    metrics = json.loads((project / "results" / strategy / "metrics.json").read_text())
+    return float(metrics["steady_epoch_seconds"])
+
+
+def table(result: dict) -> str:
+    lines = [
+        "| row | s/epoch | ratio to ddp, sync_bn off |",
+        "|---|---:|---:|",
+    ]
+    for label, seconds in result["median_epoch_s"].items():
+        lines.append(f"| {label} | {seconds:.2f} | {result['ratios'][label]:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--strategies", nargs="*", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
+    parser.add_argument("--tree", type=Path, help="another checkout whose rows run beside these")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    from benchmarks.bench import machine, write_result
+    from benchmarks.e2e import torch_device
+    from pipeline.data.synthetic import write_synthetic
+
+    trees = {"this": REPO}
+    if args.tree:
+        trees[args.tree.resolve().name] = args.tree.resolve()
+    rows = plan(args.strategies, trees)
+    label, info = machine(torch_device())
+    load_before = os.getloadavg()
+    rounds: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="parallel-lab-sync-bn-") as tmp:
+        mirror = Path(tmp) / "mirror"
+        write_synthetic(mirror, 2048, 512)
+        projects = {
+            name: prepared(tree, Path(tmp) / f"project-{i}", mirror)
+            for i, (name, tree) in enumerate(trees.items())
+        }
+        for _, strategy, overrides, tree in rows:  # untimed: the store's tables, the file cache
+            steady_epoch(*projects[tree], strategy, overrides)
+        for i in range(args.runs):
+            turn = rows[i % len(rows) :] + rows[: i % len(rows)]
+            seen = {row[0]: steady_epoch(*projects[row[3]], row[1], row[2]) for row in turn}
+            rounds.append({row[0]: seen[row[0]] for row in rows})
+            print(
+                f"sync_bn: run {i + 1}: "
+                + ", ".join(f"{k} {v:.2f} s" for k, v in rounds[-1].items()),
+                flush=True,
+            )
+    result = {
+        "machine": label,
+        "info": info,
+        "date": date.today().isoformat(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "settings": {
+            "runs": args.runs,
+            "job": JOB,
+            "trees": {name: str(tree) for name, tree in trees.items()},
+        },
+        "rounds": rounds,
+        "median_epoch_s": {k: statistics.median(r[k] for r in rounds) for k in rounds[0]},
+        "ratios": ratios(rounds),
+    }
+    out = write_result(result, "sync-bn", args.out)
+    print(table(result), flush=True)
+    print(f"sync_bn: wrote {out}", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
