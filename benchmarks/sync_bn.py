@@ -9,8 +9,8 @@ on gloo that is where a CPU job's time goes. Each row is a whole train stage, `p
 pipeline.train STRATEGY` with 2 gloo processes, on synthetic Fashion-MNIST-shaped images in a
 throw-away project copy; what is compared is its steady epoch time (metrics.json: the median
 epoch after the first). The rows take turns, each going first in turn, so load falls on all
-alike; a row's ratio is the median over rounds of its epoch over the first row's (ddp,
-sync_bn off) in the same round. With --tree, every row also runs from that checkout's
+alike; a row's ratio is the median over rounds of its epoch over the first row's (the first
+strategy's, sync_bn off) in the same round. With --tree, every row also runs from that checkout's
 pipeline/ (its own project copy and data): before and after a change, side by side. The JSON
 (benchmarks/results/<machine>-sync-bn-<date>.json unless --out) holds every run, the medians,
 the ratios, the settings and the 1-minute load average before and after.
@@ -101,10 +101,8 @@ def steady_epoch(project: Path, env: dict[str, str], strategy: str, overrides: l
 
 
 def table(result: dict) -> str:
-    lines = [
-        "| row | s/epoch | ratio to ddp, sync_bn off |",
-        "|---|---:|---:|",
-    ]
+    first = next(iter(result["median_epoch_s"]))
+    lines = [f"| row | s/epoch | ratio to {first} |", "|---|---:|---:|"]
     for label, seconds in result["median_epoch_s"].items():
         lines.append(f"| {label} | {seconds:.2f} | {result['ratios'][label]:.2f}x |")
     return "\n".join(lines)
@@ -135,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
             name: prepared(tree, Path(tmp) / f"project-{i}", mirror)
             for i, (name, tree) in enumerate(trees.items())
         }
-        for _, strategy, overrides, tree in rows:  # untimed: the store's tables, the file cache
+        for tree in trees:  # untimed: each store's tables, the file cache
+            _, strategy, overrides, _ = next(row for row in rows if row[3] == tree)
             steady_epoch(*projects[tree], strategy, overrides)
         for i in range(args.runs):
             turn = rows[i % len(rows) :] + rows[: i % len(rows)]
