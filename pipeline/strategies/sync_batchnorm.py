@@ -8,10 +8,10 @@ nn.SyncBatchNorm computes with one all-gather in forward and one in backward, as
   nothing is subtracted from a sum of squares);
 - backward: the global sums of dy and dy * x_hat, from which every rank's input gradient
   follows; the weight and bias gradients stay the rank's own, for DDP or FSDP to reduce.
-An all-gather of a few hundred numbers costs gloo about a third of an all-reduce, and on
-2 CPU cores the five all-reduces of a layer-by-layer autograd version tripled a ddp epoch
-(docs/performance.md). Every rank sums the gathered rows in rank order, so all ranks hold
-bitwise the same statistics. On CUDA the native SyncBatchNorm is used.
+One collective each way is the fewest a synchronised layer can wait on, and gloo gathers a
+few hundred numbers in about a third of the time it all-reduces them (docs/performance.md
+measures what the layer costs). Every rank sums the gathered rows in rank order, so all
+ranks hold bitwise the same statistics. On CUDA the native SyncBatchNorm is used.
 """
 
 from __future__ import annotations
