@@ -100,17 +100,23 @@ def synced_run(tmp_path, split: list[int], options: dict) -> list[tuple]:
     for proc in procs:
         proc.start()
     results = []
-    deadline = time.monotonic() + 120
-    while len(results) < len(procs):
-        try:
-            results.append(out.get(timeout=1))
-        except queue.Empty:  # a rank that died without a word would leave us waiting
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead and time.monotonic() < deadline, f"ranks exited {dead}"
+    try:
+        deadline = time.monotonic() + 120
+        while len(results) < len(procs):
+            try:
+                results.append(out.get(timeout=1))
+            except queue.Empty:  # a rank that died without a word would leave us waiting
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead and time.monotonic() < deadline, f"ranks exited {dead}"
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+    finally:  # on a failure, a rank still waiting on its peer is not left behind
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
     results.sort()
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
     for _, _, _, seen in results:
         assert not isinstance(seen, str), seen
     return [(*head, {k: torch.from_numpy(v) for k, v in seen.items()}) for *head, seen in results]
