@@ -30,6 +30,7 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks.bench import REPO
+from benchmarks.peer import timed
 
 # the job: 2048 images at width 8, batch 64 (32 steps an epoch), 3 epochs
 JOB = [
@@ -70,12 +71,12 @@ def ratios(rounds: list[dict[str, float]]) -> dict[str, float]:
 
 def prepared(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, str]]:
     """A project copy of `tree`'s pipeline with its data fetched, and its environment."""
-    from benchmarks.e2e import project_copy
+    from benchmarks.e2e import project_copy, project_path
 
     project = project_copy(dest, mirror, source=tree)
     env = {
         **os.environ,
-        "PYTHONPATH": str(project),
+        "PYTHONPATH": project_path(project),
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
         "CUDA_VISIBLE_DEVICES": "",
     }
@@ -92,10 +93,7 @@ def prepared(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, str]
 def steady_epoch(project: Path, env: dict[str, str], strategy: str, overrides: list[str]) -> float:
     for name in ("results", "checkpoints"):
         shutil.rmtree(project / name, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pipeline.train", strategy, *JOB, *overrides]
-    proc = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    timed([sys.executable, "-m", "pipeline.train", strategy, *JOB, *overrides], project, env)
     metrics = json.loads((project / "results" / strategy / "metrics.json").read_text())
     return float(metrics["steady_epoch_seconds"])
 
