@@ -68,8 +68,6 @@ NUMA_DECIDED: Any = object()  # launch_config's numa_options until it sets the o
 # torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
 # compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
 COMPILE_CACHE = Path(".cache/torch-compile")
-# what torchrun's agent handles (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def check_writable(directory: Path) -> None:
@@ -313,7 +311,7 @@ def run_agent(config: Any, args: tuple[Any, ...]) -> tuple[int, bool, str]:
     one_node_rendezvous.register()
     # the agent's handlers (raise SignalException) outlive it: a process that goes on after
     # the launch (the quickstart's) gets its own back
-    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    handlers = {signum: signal.getsignal(signum) for signum in worker.AGENT_SIGNALS}
     try:
         elastic_launch(config, worker.entry)(*args)
     except SignalException:

@@ -65,6 +65,7 @@ class StopRequest:
         reduce: Callable[[torch.Tensor], None] | None = None,
     ):
         self.flag = False
+        self.signum: int | None = None  # the stop signal that set `flag`
         self.world_size, self.clock = world_size, clock
         self.reduce = reduce if reduce is not None else all_reduce_max(group)
         self.boundaries = 0  # step boundaries passed: steps this process ran
@@ -76,7 +77,7 @@ class StopRequest:
             signal.signal(signum, self._handler)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.flag = True
+        self.flag, self.signum = True, signum
 
     def agreed(self) -> bool:
         """Called before every step, by every rank alike: stop here?"""

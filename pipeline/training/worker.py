@@ -38,12 +38,15 @@ from pipeline.tracking.relay import EVENTS_ENV
 from pipeline.training.live import terminal_columns
 from pipeline.training.run_spec import resolve_run
 from pipeline.training.session import run
+from pipeline.training.stop import StopRequest
 
 TASKS = Path("/proc/self/task")
 # Name prefixes of the threads a gloo process group runs (its work loop and its transport's
 # event loop): they exist for as long as the group object does.
 COMM_THREADS = ("pt_gloo", "gloo_")
 GIL_SWITCH_S = 0.0005
+# what torchrun's agent handles and passes on (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def entry(strategy: str, cfg: Config) -> None:
@@ -53,26 +56,42 @@ def entry(strategy: str, cfg: Config) -> None:
     children leave through os._exit)."""
     # the agent's handlers (raise SignalException) came with the fork; until the session
     # installs its own, a stop signal ends a worker that has nothing to save yet
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    for signum in AGENT_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         # torch read the variable when the launcher imported it, before the launcher set the
         # workers' share; a forked worker takes its share explicitly
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    code = run_worker(strategy, lambda: cfg)
+    code, stop = run_worker(strategy, lambda: cfg)
     left_threads_warning()
     if code:
         raise SystemExit(code)
+    hand_back_stop_signals(stop)
+
+
+def hand_back_stop_signals(stop: StopRequest | None) -> None:
+    """A finished run's worker returns to torch's wrapper, which hands the agent its return
+    value and waits until the agent has read it. An agent that is stopping (it passed a stop
+    signal on) never reads it: it signals the workers it is waiting for and kills them 30 s
+    later. So from here a stop signal ends this process, as it ends any process with nothing
+    left to do, and one that came while the run was finishing (the run still wrote everything)
+    ends it now."""
+    for signum in AGENT_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    if stop is not None and stop.signum is not None:  # read after the reset: none is missed
+        signal.raise_signal(stop.signum)
 
 
 def main(strategy: str, overrides: list[str]) -> NoReturn:
     """A worker started by `torchrun -m pipeline.train STRATEGY` by hand: the same run, in a
     process of its own whose interpreter shuts down at the end (`exit_cleanly`)."""
-    exit_cleanly(run_worker(strategy, lambda: load_config("params.yaml", overrides)))
+    code, _ = run_worker(strategy, lambda: load_config("params.yaml", overrides))
+    exit_cleanly(code)
 
 
-def run_worker(strategy: str, config: Callable[[], Config]) -> int:
-    """Train; the exit code. A user error is left for the launcher as one line."""
+def run_worker(strategy: str, config: Callable[[], Config]) -> tuple[int, StopRequest | None]:
+    """Train; the exit code and the run's stop request (None where the run never started).
+    A user error is left for the launcher as one line."""
     try:
         return train(strategy, config())
     except BAD_INPUT as err:
@@ -81,11 +100,12 @@ def run_worker(strategy: str, config: Callable[[], Config]) -> int:
             Path(os.environ[ERROR_FILE_ENV]).write_text(str(err))
         else:
             print(f"error: {err}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT
+        return USER_ERROR_EXIT, None
 
 
-def train(strategy: str, cfg: Config) -> int:
-    """Train, and tell the launcher how it ended (the writer's outcome); the exit code. The
+def train(strategy: str, cfg: Config) -> tuple[int, StopRequest]:
+    """Train, and tell the launcher how it ended (the writer's outcome); the exit code and
+    the run's stop request, whose handlers stay until the caller hands them back. The
     Config is resolved here, once, into the run's spec: nothing below sees the rest of it."""
     # The loop hands the GIL back at every torch call, and waits up to the switch interval
     # to get it again while a background thread runs Python (MLflow's, where the writer
@@ -108,15 +128,16 @@ def train(strategy: str, cfg: Config) -> int:
     control = None
     if ctx.on_cuda and ctx.world_size > 1:
         control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
+    stop = StopRequest(control, ctx.world_size)
     try:
         events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
-        end = run(spec, ctx, control, terminal, Path(events) if events else None)
+        end = run(spec, ctx, stop, terminal, Path(events) if events else None)
     finally:
         dist.destroy_process_group()
     outcome = Outcome.STOPPED if end.summary is None else Outcome.FINISHED
     if end.writer and os.environ.get(OUTCOME_FILE_ENV):
         atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), outcome.value)
-    return SIGTERM_EXIT if outcome is Outcome.STOPPED else 0
+    return SIGTERM_EXIT if outcome is Outcome.STOPPED else 0, stop
 
 
 def left_threads_warning(tasks: Path = TASKS) -> bool:

@@ -3,7 +3,9 @@
 
 import gc
 import itertools
+import multiprocessing
 import os
+import signal
 
 import pytest
 
@@ -17,7 +19,8 @@ from pipeline.errors import (
 )
 from pipeline.tracking.relay import EVENTS_ENV
 from pipeline.training.launcher import read_outcome, stage_exit, worker_error, workers_environment
-from pipeline.training.worker import comm_threads, left_threads_warning
+from pipeline.training.stop import StopRequest
+from pipeline.training.worker import comm_threads, hand_back_stop_signals, left_threads_warning
 
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
 
@@ -160,3 +163,29 @@ def test_a_workers_error_is_read_from_torchelastics_record_of_it():
     # no error file (a signal, a plain exit): torch's own words, which name no error
     assert worker_error("Signal 9 (SIGKILL) received by PID 7") == ("", "")
     assert worker_error({"message": "ValueError: bad"}) == ("ValueError: bad", "")
+
+
+def finished_worker(signal_during_run: int | None) -> None:
+    """A forked worker's end, without the run: its stop request, a stop signal while the run
+    goes on (or none), the hand-back, then the stopping agent's SIGTERM."""
+    stop = StopRequest(world_size=1)
+    if signal_during_run is not None:
+        signal.raise_signal(signal_during_run)
+        assert stop.flag  # the run went on, to write what it had
+    hand_back_stop_signals(stop)
+    signal.raise_signal(signal.SIGTERM)
+    os._exit(0)  # a signal that did not end the process
+
+
+@pytest.mark.parametrize("signal_during_run", [None, signal.SIGTERM, signal.SIGINT])
+def test_a_finished_worker_ends_at_a_stop_signal(signal_during_run):
+    """torch's wrapper waits, after a worker's run, for the agent to read its return value;
+    an agent that is stopping never does, and kills it 30 s after its SIGTERM. So a finished
+    worker ends at that SIGTERM, and at once where a stop signal came while its run finished:
+    by that signal (SIGINT here, where the run saw one), not by the later SIGTERM."""
+    child = multiprocessing.get_context("fork").Process(
+        target=finished_worker, args=(signal_during_run,)
+    )
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == -(signal_during_run or signal.SIGTERM)
