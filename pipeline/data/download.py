@@ -9,6 +9,7 @@ failure leaves no partial `data/fashion-mnist/` behind.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
@@ -93,7 +94,9 @@ def convert(raw_dir: Path) -> dict[str, np.ndarray]:
 
 
 def fetch(data: DataConfig, out_dir: Path = DATA_DIR) -> dict[str, np.ndarray]:
-    """Download, verify, convert and atomically publish `out_dir`. Returns the arrays."""
+    """Download, verify, convert and atomically publish `out_dir`. Returns the arrays. A
+    fetch that fails leaves no directory it made (a new clone's `data/`) behind."""
+    made = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     work.chmod(0o755)  # mkdtemp makes it private; the published data is not
@@ -115,5 +118,8 @@ def fetch(data: DataConfig, out_dir: Path = DATA_DIR) -> dict[str, np.ndarray]:
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        for directory in made:  # deepest first; one that something else filled meanwhile stays
+            with contextlib.suppress(OSError):
+                directory.rmdir()
         raise
     return arrays

@@ -172,7 +172,7 @@ def test_cli_exit_code_2_and_one_line(tmp_path, http_mirror):
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: could not fetch")
-    assert not (project / "data" / "fashion-mnist").exists()
+    assert not (project / "data").exists()  # a new clone's tree, as it was
 
 
 def test_the_fetch_stage_runs_without_torch(tmp_path, http_mirror):
