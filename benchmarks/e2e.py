@@ -79,6 +79,26 @@ def project_path(project: Path) -> str:
     return os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))
 
 
+def fetched_copy(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, str]]:
+    """A project copy of `tree`'s pipeline with its data fetched, and the environment its
+    stages run in: its own code, an MLflow store in the copy, no GPU."""
+    project = project_copy(dest, mirror, source=tree)
+    env = {
+        **os.environ,
+        "PYTHONPATH": project_path(project),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    subprocess.run(
+        [sys.executable, "-m", "pipeline.fetch"],
+        cwd=project,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return project, env
+
+
 GIT_ENV = {
     **os.environ,
     **{f"GIT_{who}_{what}": "b" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL")},

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from datetime import date
@@ -69,27 +68,6 @@ def ratios(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {label: statistics.median(r[label] / r[first] for r in rounds) for label in rounds[0]}
 
 
-def prepared(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, str]]:
-    """A project copy of `tree`'s pipeline with its data fetched, and its environment."""
-    from benchmarks.e2e import project_copy, project_path
-
-    project = project_copy(dest, mirror, source=tree)
-    env = {
-        **os.environ,
-        "PYTHONPATH": project_path(project),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    subprocess.run(
-        [sys.executable, "-m", "pipeline.fetch"],
-        cwd=project,
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return project, env
-
-
 def steady_epoch(project: Path, env: dict[str, str], strategy: str, overrides: list[str]) -> float:
     for name in ("results", "checkpoints"):
         shutil.rmtree(project / name, ignore_errors=True)
@@ -114,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
     from benchmarks.bench import machine, write_result
-    from benchmarks.e2e import torch_device
+    from benchmarks.e2e import fetched_copy, torch_device
     from pipeline.data.synthetic import write_synthetic
 
     trees = {"this": REPO}
@@ -128,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         mirror = Path(tmp) / "mirror"
         write_synthetic(mirror, 2048, 512)
         projects = {
-            name: prepared(tree, Path(tmp) / f"project-{i}", mirror)
+            name: fetched_copy(tree, Path(tmp) / f"project-{i}", mirror)
             for i, (name, tree) in enumerate(trees.items())
         }
         for tree in trees:  # untimed: each store's tables, the file cache

@@ -6,10 +6,11 @@
 A generated block is the text between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->` in
 README.md or docs/*.md; BLOCKS below says which file of benchmarks/results/ each NAME is
 rendered from. The numbers are never typed by hand: a new measurement is a new JSON, then one
-run of this command. The startup, stress-exit, peer, suite-cpu and sync-bn blocks take the
-newest `*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` / `*-suite-cpu-*.json` /
-`*-sync-bn-*.json` (benchmarks/startup.py, stress_exit.py, peer.py, suite_cpu.py and
-sync_bn.py write them); while none is committed their blocks stay empty.
+run of this command. The startup, stress-exit, peer, suite-cpu, sync-bn and stop-time blocks
+take the newest `*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` /
+`*-suite-cpu-*.json` / `*-sync-bn-*.json` / `*-stop-time-*.json` (benchmarks/startup.py,
+stress_exit.py, peer.py, suite_cpu.py, sync_bn.py and stop_time.py write them); while none is
+committed their blocks stay empty.
 """
 
 from __future__ import annotations
@@ -346,6 +347,32 @@ def sync_bn_block(path: Path) -> list[str]:
     ]
 
 
+# ---- benchmarks/stop_time.py
+
+
+def stop_time_block(path: Path) -> list[str]:
+    from benchmarks.stop_time import table as stop_time_table
+
+    result = json.loads(path.read_text())
+    info, load, settings = result["info"], result["load_average"], result["settings"]
+    others = [name for name in settings["trees"] if name != "this"]
+    return [
+        paragraph(
+            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
+            f"{info['torch']}; medians of {settings['runs']} rounds, the rows taking turns, "
+            f"each a whole `python -m pipeline.train ddp {' '.join(settings['job'])}` (2 gloo "
+            "processes) brought to its point by a fault, timed from the fault's line to the "
+            f"stage's exit; 1-minute load average {load['before'][0]:.1f} before, "
+            f"{load['after'][0]:.1f} after."
+            + "".join(
+                f" Rows marked ({name}) ran from another checkout (`--tree`)." for name in others
+            )
+        ),
+        "",
+        stop_time_table(result),
+    ]
+
+
 # ---- the blocks
 
 
@@ -379,6 +406,7 @@ BLOCKS = [
     Block("peer", peer_block, newest="*-peer-*.json"),
     Block("suite-cpu", suite_cpu_block, newest="*-suite-cpu-*.json"),
     Block("sync-bn", sync_bn_block, newest="*-sync-bn-*.json"),
+    Block("stop-time", stop_time_block, newest="*-stop-time-*.json"),
 ]
 MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
 OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")

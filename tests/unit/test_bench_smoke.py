@@ -137,3 +137,32 @@ def test_sync_bn_rows_per_tree_and_ratios_within_each_round():
     assert rows[1][2] == ["ddp.sync_bn=true"]
     rounds = [{"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 3.0}, {"a": 1.0, "b": 5.0}]
     assert ratios(rounds) == {"a": 1.0, "b": 2.0}  # the per-round ratios 2, 1.5 and 5
+
+
+def test_stop_time_rows_per_tree_and_ratios_to_this_trees_same_row():
+    """benchmarks/stop_time.py's plan and arithmetic: every row once per tree, another tree
+    named in the label; a ratio is the median over rounds of the row's seconds over this
+    tree's same row in the same round."""
+    from benchmarks.stop_time import ROWS, plan, ratios
+
+    rows = plan(["this", "old"])
+    assert [(label, tree) for label, _, tree in rows] == [
+        *((row, "this") for row in ROWS),
+        *((f"{row} (old)", "old") for row in ROWS),
+    ]
+    assert all(row in ROWS for _, row, _ in rows)
+    mid, last = "SIGTERM mid-epoch", "SIGTERM after the last step"
+    chosen = [r for r in rows if r[1] in (mid, last)]
+    rounds = [
+        {mid: 1.0, last: 0.5, f"{mid} (old)": 1.0, f"{last} (old)": 30.0},
+        {mid: 2.0, last: 1.0, f"{mid} (old)": 1.0, f"{last} (old)": 29.0},
+        {mid: 1.0, last: 0.25, f"{mid} (old)": 3.0, f"{last} (old)": 31.0},
+    ]
+    assert ratios(rounds, chosen) == {
+        mid: 1.0,
+        last: 1.0,
+        f"{mid} (old)": 1.0,  # the per-round ratios 1, 0.5 and 3
+        f"{last} (old)": 60.0,  # 60, 29 and 124
+    }
+    # what each row expects of the stage: a stop at a checkpoint (75) or a finished run (0)
+    assert [ROWS[r].exit_code for r in ROWS] == [75, 0, 0]
