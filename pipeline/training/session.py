@@ -76,7 +76,8 @@ def run(
     events: Path | None = None,
 ) -> RunEnd:
     """Train one strategy to the end (or to a SIGTERM checkpoint: then the summary is None).
-    `stop`: the process's stop request, which its caller outlives (None: one of its own).
+    `stop`: the process's stop request, which the caller keeps after the run (None: the run
+    makes its own).
     `terminal_columns`: the width of the terminal the stage's output goes to, if it does
     (live.terminal_columns): the writer then shows a bar instead of progress lines.
     `events`: where the stage's MLflow publisher takes the run's events (tracking/relay.py);
@@ -84,7 +85,8 @@ def run(
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     name = spec.name
-    stop = stop or StopRequest(None, ctx.world_size)
+    if stop is None:
+        stop = StopRequest(None, ctx.world_size)
     hooks = hooks_from_env(ctx.rank, lambda: stop.flag)
     torch.manual_seed(spec.seed)
     data = to_device(load_arrays(), ctx.device, spec.data.limit_train, spec.data.limit_test)
