@@ -32,8 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -97,6 +99,45 @@ def fetched_copy(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, 
         stdout=subprocess.DEVNULL,
     )
     return project, env
+
+
+def checkouts(other: Path | None) -> dict[str, Path]:
+    """The trees a side-by-side benchmark runs: this one ("this"), and `other`, named by its
+    directory, if given (--tree)."""
+    trees = {"this": REPO}
+    if other is not None:
+        trees[other.resolve().name] = other.resolve()
+    return trees
+
+
+def taking_turns(
+    rows: Sequence[tuple[Any, ...]], runs: int, measure: Callable[[Any], float], name: str
+) -> list[dict[str, float]]:
+    """`runs` rounds of `measure(row)` for every row (a tuple, its label first), the rows
+    taking turns to go first so that load falls on all alike; each round's seconds by label,
+    in the rows' order, printed as the round ends."""
+    rounds = []
+    for i in range(runs):
+        turn = [*rows[i % len(rows) :], *rows[: i % len(rows)]]
+        seen = {row[0]: measure(row) for row in turn}
+        rounds.append({row[0]: seen[row[0]] for row in rows})
+        print(
+            f"{name}: run {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in rounds[-1].items()),
+            flush=True,
+        )
+    return rounds
+
+
+def result_head(label: str, info: dict, load_before: tuple, settings: dict) -> dict:
+    """What every side-by-side benchmark's JSON opens with: the machine, today, the 1-minute
+    load average before (given) and after (now), and its settings."""
+    return {
+        "machine": label,
+        "info": info,
+        "date": date.today().isoformat(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "settings": settings,
+    }
 
 
 GIT_ENV = {

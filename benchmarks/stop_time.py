@@ -36,11 +36,8 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import date
 from pathlib import Path
 from typing import NamedTuple
-
-from benchmarks.bench import REPO
 
 JOB = [
     "model.width=8",
@@ -141,16 +138,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
     from benchmarks.bench import machine, write_result
-    from benchmarks.e2e import fetched_copy, torch_device
+    from benchmarks.e2e import (
+        checkouts,
+        fetched_copy,
+        result_head,
+        taking_turns,
+        torch_device,
+    )
     from pipeline.data.synthetic import write_synthetic
 
-    trees = {"this": REPO}
-    if args.tree:
-        trees[args.tree.resolve().name] = args.tree.resolve()
+    trees = checkouts(args.tree)
     rows = plan(list(trees))
     label, info = machine(torch_device())
     load_before = os.getloadavg()
-    rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="parallel-lab-stop-time-") as tmp:
         mirror = Path(tmp) / "mirror"
         write_synthetic(mirror, 512, 128)
@@ -158,27 +158,21 @@ def main(argv: list[str] | None = None) -> dict:
             name: fetched_copy(tree, Path(tmp) / f"project-{i}", mirror)
             for i, (name, tree) in enumerate(trees.items())
         }
-        for i in range(args.runs):
-            turn = rows[i % len(rows) :] + rows[: i % len(rows)]
-            seen = {label: seconds_to_exit(*projects[tree], ROWS[row]) for label, row, tree in turn}
-            rounds.append({label: seen[label] for label, _, _ in rows})
-            print(
-                f"stop_time: run {i + 1}: "
-                + ", ".join(f"{k} {v:.1f} s" for k, v in rounds[-1].items()),
-                flush=True,
-            )
+        rounds = taking_turns(
+            rows,
+            args.runs,
+            lambda row: seconds_to_exit(*projects[row[2]], ROWS[row[1]]),
+            "stop_time",
+        )
+    settings = {
+        "runs": args.runs,
+        "job": JOB,
+        "faults": {row: ROWS[row].fault for row in ROWS},
+        "trees": {name: str(tree) for name, tree in trees.items()},
+    }
     result = {
-        "machine": label,
-        "info": info,
-        "date": date.today().isoformat(),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "settings": {
-            "runs": args.runs,
-            "job": JOB,
-            "faults": {row: ROWS[row].fault for row in ROWS},
-            "trees": {name: str(tree) for name, tree in trees.items()},
-        },
-        "row_of": {label: row for label, row, _ in rows},
+        **result_head(label, info, load_before, settings),
+        "row_of": {name: row for name, row, _ in rows},
         "rounds": rounds,
         "median_s": {k: statistics.median(r[k] for r in rounds) for k in rounds[0]},
         "ratios": ratios(rounds, rows),

@@ -25,10 +25,8 @@ import shutil
 import statistics
 import sys
 import tempfile
-from datetime import date
 from pathlib import Path
 
-from benchmarks.bench import REPO
 from benchmarks.peer import timed
 
 # the job: 2048 images at width 8, batch 64 (32 steps an epoch), 3 epochs
@@ -92,16 +90,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
     from benchmarks.bench import machine, write_result
-    from benchmarks.e2e import fetched_copy, torch_device
+    from benchmarks.e2e import (
+        checkouts,
+        fetched_copy,
+        result_head,
+        taking_turns,
+        torch_device,
+    )
     from pipeline.data.synthetic import write_synthetic
 
-    trees = {"this": REPO}
-    if args.tree:
-        trees[args.tree.resolve().name] = args.tree.resolve()
+    trees = checkouts(args.tree)
     rows = plan(args.strategies, trees)
     label, info = machine(torch_device())
     load_before = os.getloadavg()
-    rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="parallel-lab-sync-bn-") as tmp:
         mirror = Path(tmp) / "mirror"
         write_synthetic(mirror, 2048, 512)
@@ -112,25 +113,16 @@ def main(argv: list[str] | None = None) -> dict:
         for tree in trees:  # untimed: each store's tables, the file cache
             _, strategy, overrides, _ = next(row for row in rows if row[3] == tree)
             steady_epoch(*projects[tree], strategy, overrides)
-        for i in range(args.runs):
-            turn = rows[i % len(rows) :] + rows[: i % len(rows)]
-            seen = {row[0]: steady_epoch(*projects[row[3]], row[1], row[2]) for row in turn}
-            rounds.append({row[0]: seen[row[0]] for row in rows})
-            print(
-                f"sync_bn: run {i + 1}: "
-                + ", ".join(f"{k} {v:.2f} s" for k, v in rounds[-1].items()),
-                flush=True,
-            )
+        rounds = taking_turns(
+            rows, args.runs, lambda row: steady_epoch(*projects[row[3]], row[1], row[2]), "sync_bn"
+        )
+    settings = {
+        "runs": args.runs,
+        "job": JOB,
+        "trees": {name: str(tree) for name, tree in trees.items()},
+    }
     result = {
-        "machine": label,
-        "info": info,
-        "date": date.today().isoformat(),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "settings": {
-            "runs": args.runs,
-            "job": JOB,
-            "trees": {name: str(tree) for name, tree in trees.items()},
-        },
+        **result_head(label, info, load_before, settings),
         "rounds": rounds,
         "median_epoch_s": {k: statistics.median(r[k] for r in rounds) for k in rounds[0]},
         "ratios": ratios(rounds),

@@ -322,55 +322,43 @@ def suite_cpu_block(path: Path) -> list[str]:
     ]
 
 
-# ---- benchmarks/sync_bn.py
+# ---- benchmarks/sync_bn.py and stop_time.py: rows taking turns, another tree beside them
+
+
+def turns_block(path: Path, stage: str, timed_by: str, render: Callable[[dict], str]) -> list[str]:
+    """The caption and table of a benchmark whose rows took turns (benchmarks.e2e.taking_turns):
+    each row a whole `stage` command, `timed_by` what its figure is."""
+    result = json.loads(path.read_text())
+    info, load, settings = result["info"], result["load_average"], result["settings"]
+    others = [name for name in settings["trees"] if name != "this"]
+    return [
+        paragraph(
+            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
+            f"{info['torch']}; medians of {settings['runs']} rounds, the rows taking turns, "
+            f"each a whole `python -m pipeline.train {stage} {' '.join(settings['job'])}` "
+            f"(2 gloo processes){timed_by}; 1-minute load average {load['before'][0]:.1f} "
+            f"before, {load['after'][0]:.1f} after."
+            + "".join(
+                f" Rows marked ({name}) ran from another checkout (`--tree`)." for name in others
+            )
+        ),
+        "",
+        render(result),
+    ]
 
 
 def sync_bn_block(path: Path) -> list[str]:
     from benchmarks.sync_bn import table as sync_bn_table
 
-    result = json.loads(path.read_text())
-    info, load, settings = result["info"], result["load_average"], result["settings"]
-    others = [name for name in settings["trees"] if name != "this"]
-    return [
-        paragraph(
-            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
-            f"{info['torch']}; medians of {settings['runs']} rounds, the rows taking turns, "
-            f"each a whole `python -m pipeline.train STRATEGY {' '.join(settings['job'])}` "
-            "(2 gloo processes), timed by its steady epoch (metrics.json); 1-minute load "
-            f"average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after."
-            + "".join(
-                f" Rows marked ({name}) ran from another checkout (`--tree`)." for name in others
-            )
-        ),
-        "",
-        sync_bn_table(result),
-    ]
-
-
-# ---- benchmarks/stop_time.py
+    timed_by = ", timed by its steady epoch (metrics.json)"
+    return turns_block(path, "STRATEGY", timed_by, sync_bn_table)
 
 
 def stop_time_block(path: Path) -> list[str]:
     from benchmarks.stop_time import table as stop_time_table
 
-    result = json.loads(path.read_text())
-    info, load, settings = result["info"], result["load_average"], result["settings"]
-    others = [name for name in settings["trees"] if name != "this"]
-    return [
-        paragraph(
-            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
-            f"{info['torch']}; medians of {settings['runs']} rounds, the rows taking turns, "
-            f"each a whole `python -m pipeline.train ddp {' '.join(settings['job'])}` (2 gloo "
-            "processes) brought to its point by a fault, timed from the fault's line to the "
-            f"stage's exit; 1-minute load average {load['before'][0]:.1f} before, "
-            f"{load['after'][0]:.1f} after."
-            + "".join(
-                f" Rows marked ({name}) ran from another checkout (`--tree`)." for name in others
-            )
-        ),
-        "",
-        stop_time_table(result),
-    ]
+    timed_by = " brought to its point by a fault, timed from the fault's line to the stage's exit"
+    return turns_block(path, "ddp", timed_by, stop_time_table)
 
 
 # ---- the blocks
