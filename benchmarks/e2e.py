@@ -101,6 +101,16 @@ def fetched_copy(tree: Path, dest: Path, mirror: Path) -> tuple[Path, dict[str, 
     return project, env
 
 
+def turns_parser(doc: str, runs: int) -> argparse.ArgumentParser:
+    """The options of a benchmark whose rows take turns, beside another tree if asked:
+    --runs (rounds), --tree (the other checkout), --out (the JSON)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--tree", type=Path, help="another checkout whose rows run beside these")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    return parser
+
+
 def checkouts(other: Path | None) -> dict[str, Path]:
     """The trees a side-by-side benchmark runs: this one ("this"), and `other`, named by its
     directory, if given (--tree)."""

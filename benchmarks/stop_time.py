@@ -26,7 +26,6 @@ medians, the ratios, the settings and the 1-minute load average before and after
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -38,6 +37,17 @@ import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
+
+from benchmarks.bench import machine, write_result
+from benchmarks.e2e import (
+    checkouts,
+    fetched_copy,
+    result_head,
+    taking_turns,
+    torch_device,
+    turns_parser,
+)
+from pipeline.data.synthetic import write_synthetic
 
 JOB = [
     "model.width=8",
@@ -132,20 +142,8 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--tree", type=Path, help="another checkout whose rows run beside these")
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    parser = turns_parser(__doc__, runs=3)
     args = parser.parse_args(argv)
-    from benchmarks.bench import machine, write_result
-    from benchmarks.e2e import (
-        checkouts,
-        fetched_copy,
-        result_head,
-        taking_turns,
-        torch_device,
-    )
-    from pipeline.data.synthetic import write_synthetic
 
     trees = checkouts(args.tree)
     rows = plan(list(trees))

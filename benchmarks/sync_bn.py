@@ -18,7 +18,6 @@ the ratios, the settings and the 1-minute load average before and after.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +26,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.bench import machine, write_result
+from benchmarks.e2e import (
+    checkouts,
+    fetched_copy,
+    result_head,
+    taking_turns,
+    torch_device,
+    turns_parser,
+)
 from benchmarks.peer import timed
+from pipeline.data.synthetic import write_synthetic
 
 # the job: 2048 images at width 8, batch 64 (32 steps an epoch), 3 epochs
 JOB = [
@@ -83,21 +92,9 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser = turns_parser(__doc__, runs=5)
     parser.add_argument("--strategies", nargs="*", default=["ddp", "fsdp"], choices=["ddp", "fsdp"])
-    parser.add_argument("--tree", type=Path, help="another checkout whose rows run beside these")
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
-    from benchmarks.bench import machine, write_result
-    from benchmarks.e2e import (
-        checkouts,
-        fetched_copy,
-        result_head,
-        taking_turns,
-        torch_device,
-    )
-    from pipeline.data.synthetic import write_synthetic
 
     trees = checkouts(args.tree)
     rows = plan(args.strategies, trees)
