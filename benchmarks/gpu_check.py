@@ -29,6 +29,13 @@ Checks, each PASS or FAIL in the output and the JSON:
                     by a loop of this script's own
   mlflow_runs       each run its own FINISHED MLflow run in the check's experiment of the
                     temporary store, holding its test_acc, and no other run there
+  null_comparison   the A/A check (issue 51): single runs again last (`single_again`, a new
+                    stage from scratch), and the two runs' steady epochs give the noise floor
+                    every ratio to single is read against (each row's `beyond_noise`). On the
+                    CPU the repeat must compute the same (equal test accuracy, fp32); on a GPU
+                    its steady epoch must lie within NULL_BOUND_GPU of the first one's, a
+                    bound not yet measured on a GPU (the repeat also shows what the first
+                    stage's cold start cost: `first_epoch_s` of both)
 Measures: each run's steady epoch (its epoch 2; epoch 1 pays start-up and compilation), the
 ratio to single, and MFU (FLOPs trained per second over the device's peak: the datasheet's
 for known GPUs, a measured matmul peak otherwise). Writes benchmarks/results/
@@ -40,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +68,7 @@ from benchmarks.e2e import project_copy, project_path
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import DATA_DIR, FILES, load_tensors
 from pipeline.data.synthetic import write_synthetic
+from pipeline.reporting.speed_noise import relative_spread
 from pipeline.results import NOT_SEPARABLE
 from pipeline.strategies import NAMES
 from pipeline.strategies.balanced_dp import BalancedDataParallel
@@ -76,6 +85,10 @@ EXPERIMENT = "gpu-check"  # every run's MLflow experiment, which mlflow_runs cou
 # (as a forked worker once did on an H200) is stopped, and the others still run
 STAGE_TIMEOUT_S = 600.0
 STOP_GRACE_S = 40.0  # after SIGTERM: the launcher's own grace for its workers is 30 s
+NULL_ROW = "single_again"  # the A/A repeat of single, run last
+# how far apart two runs of single's steady epoch may come out on one GPU for its timing to be
+# trusted: a GPU's epochs are steadier than a shared CPU's; not yet measured on one
+NULL_BOUND_GPU = 0.10
 
 
 @dataclass(frozen=True)
@@ -308,6 +321,9 @@ def render(result: dict) -> str:
             f"{r['stage_seconds']:.1f} |"
         )
     lines += [f"failed: {row}: {text.splitlines()[0]}" for row, text in result["failures"].items()]
+    null = next((c for c in result["checks"] if c["check"] == "null_comparison"), None)
+    if null is not None:
+        lines.append(f"A/A: {null['detail']}")
     passed = sum(c["ok"] for c in result["checks"])
     lines.append(f"checks: {passed}/{len(result['checks'])} passed")
     return "\n".join(lines)
@@ -422,10 +438,39 @@ def planned_runs(
     ]
     runs = {name: (name, [*one_device(name, device), *common]) for name in strategies}
     if device == "cuda" and "single" in strategies:
-        # last: it writes results/single again, after single's own run was checked; its own
-        # MLflow run (another identity: channels_last), in the same experiment
+        # it writes results/single again, after single's own run was checked; its own MLflow
+        # run (another identity: channels_last), in the same experiment
         runs["single_defaults"] = ("single", ["devices=0", f"train.epochs={size.epochs}", *placed])
+    if "single" in strategies:  # last: the A/A repeat, as far from single's run as it gets
+        runs[NULL_ROW] = runs["single"]
     return runs
+
+
+def check_null(rows: dict[str, dict], table: dict[str, dict], device: torch.device) -> dict:
+    """null_comparison: single's repeat against single, and every row's ratio to single read
+    against their difference (sets `beyond_noise` in `table`)."""
+    if "single" not in rows or NULL_ROW not in rows:
+        return check("null_comparison", False, f"single and {NULL_ROW} did not both train")
+    first, again = table["single"], table[NULL_ROW]
+    floor = relative_spread([first["steady_epoch_s"], again["steady_epoch_s"]])
+    assert floor is not None  # two positive figures
+    for row in table.values():
+        ratio = row["x_single"]
+        row["beyond_noise"] = None if ratio is None else max(ratio, 1 / ratio) - 1 > floor
+    beyond = [r for r, v in table.items() if v["beyond_noise"]]
+    detail = (
+        f"single twice: steady epochs {first['steady_epoch_s']:.3f} and "
+        f"{again['steady_epoch_s']:.3f} s (first epochs {first['first_epoch_s']:.3f} and "
+        f"{again['first_epoch_s']:.3f} s): noise floor {floor:.1%}; beyond it: "
+        f"{', '.join(beyond) or 'none'}"
+    )
+    if device.type == "cpu":  # one computation in fp32: the same model, to the last bit
+        ok = first["test_acc"] == again["test_acc"]
+        detail += f"; test_acc {first['test_acc']:.4f} and {again['test_acc']:.4f} (equal)"
+    else:
+        ok = floor <= NULL_BOUND_GPU
+        detail += f" (<= {NULL_BOUND_GPU:.0%})"
+    return check("null_comparison", ok, detail)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -472,6 +517,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"gpu-check: data: {data}", flush=True)
         tensors = load_tensors(project / DATA_DIR)
         for row, (strategy, overrides) in runs.items():
+            # every row trains from scratch: a run of the same strategy before it (gathered
+            # already) would otherwise be resumed, as a finished run, with nothing to train
+            shutil.rmtree(project / "checkpoints" / strategy, ignore_errors=True)
             cmd = [sys.executable, "-m", "pipeline.train", strategy, *overrides]
             try:
                 seconds = run_stage(cmd, project, env, args.stage_timeout)
@@ -498,6 +546,7 @@ def main(argv: list[str] | None = None) -> dict:
         checks += check_runs(rows, expected, device)
         checks.append(check_mlflow(uri, rows))
     table = measure(rows, size, device)
+    checks.append(check_null(rows, table, device))
     result = {
         "machine": label,
         "info": info,

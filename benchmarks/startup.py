@@ -58,7 +58,10 @@ FIRST_STEP = "to the end of the first step"
 PHASES = [
     ("python and the command's imports", "spawned", "command"),
     ("validation, torch and the project", "command", "agent"),
-    ("rendezvous and worker start", "agent", "worker"),
+    # the stage's publisher makes the MLflow store before the workers start (issue 51)
+    ("machine warm-up (GPU, once per boot)", "agent", "machine warmed"),
+    ("MLflow store made", "machine warmed", "MLflow store ready"),
+    ("rendezvous and worker start", "MLflow store ready", "worker"),
     ("process group", "worker", "process group"),
     ("data to the device", "process group", "data on device"),
     ("model, strategy, checkpoint lookup", "data on device", "model built"),

@@ -6,11 +6,11 @@
 A generated block is the text between `<!-- tables:NAME -->` and `<!-- /tables:NAME -->` in
 README.md or docs/*.md; BLOCKS below says which file of benchmarks/results/ each NAME is
 rendered from. The numbers are never typed by hand: a new measurement is a new JSON, then one
-run of this command. The startup, stress-exit, peer, suite-cpu, sync-bn and stop-time blocks
-take the newest `*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` /
-`*-suite-cpu-*.json` / `*-sync-bn-*.json` / `*-stop-time-*.json` (benchmarks/startup.py,
-stress_exit.py, peer.py, suite_cpu.py, sync_bn.py and stop_time.py write them); while none is
-committed their blocks stay empty.
+run of this command. The startup, stress-exit, peer, suite-cpu, sync-bn, stop-time and
+fair-race blocks take the newest `*-startup-*.json` / `*-stress-exit-*.json` / `*-peer-*.json` /
+`*-suite-cpu-*.json` / `*-sync-bn-*.json` / `*-stop-time-*.json` / `*-fair-race-*.json`
+(benchmarks/startup.py, stress_exit.py, peer.py, suite_cpu.py, sync_bn.py, stop_time.py and
+fair_race.py write them); while none is committed their blocks stay empty.
 """
 
 from __future__ import annotations
@@ -361,6 +361,30 @@ def stop_time_block(path: Path) -> list[str]:
     return turns_block(path, "ddp", timed_by, stop_time_table)
 
 
+def fair_race_block(path: Path) -> list[str]:
+    from benchmarks.fair_race import table as fair_race_table
+
+    result = json.loads(path.read_text())
+    info, load, settings = result["info"], result["load_average"], result["settings"]
+    others = [name for name in settings["trees"] if name != "this"]
+    return [
+        paragraph(
+            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
+            f"{info['torch']}; {settings['runs']} rounds, the rows taking turns, each a whole "
+            f"`python -m pipeline.quickstart` (params.yaml's quick: {', '.join(settings['quick'])})"
+            " on a new MLflow store, the strategies forward (single first) or reversed; medians "
+            "of the rounds' steady samples/s and speed floors; the orders agree when every "
+            "objective's picks share a strategy; 1-minute load average "
+            f"{load['before'][0]:.1f} before, {load['after'][0]:.1f} after."
+            + "".join(
+                f" Rows marked {name} ran from another checkout (`--tree`)." for name in others
+            )
+        ),
+        "",
+        fair_race_table(result),
+    ]
+
+
 # ---- the blocks
 
 
@@ -395,6 +419,7 @@ BLOCKS = [
     Block("suite-cpu", suite_cpu_block, newest="*-suite-cpu-*.json"),
     Block("sync-bn", sync_bn_block, newest="*-sync-bn-*.json"),
     Block("stop-time", stop_time_block, newest="*-stop-time-*.json"),
+    Block("fair-race", fair_race_block, newest="*-fair-race-*.json"),
 ]
 MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
 OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")

@@ -71,7 +71,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     # the stage's MLflow side, a process of its own (pipeline/tracking/relay.py), started
     # before torch is imported here
     record = CHECKPOINTS / args.strategy / RUN_RECORD
-    with Publisher(record, cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S) as publisher:
+    bound_s = cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S
+    with Publisher(record, bound_s, cfg.mlflow.experiment) as publisher:
         from pipeline.training import launcher
 
         code = launcher.launch(args.strategy, cfg, args.overrides, publisher)

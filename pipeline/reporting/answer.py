@@ -9,8 +9,10 @@ Objectives (a strategy missing the figure is left out of that objective and name
   peak_memory        lowest training peak on the strategy's busiest device
   memory_balance     lowest training memory imbalance (max/mean over devices), among the
                      strategies that spread over more than one device
-Two strategies tie when their figures read the same at the precision the report shows them,
-and, in the memory rankings and throughput, when they differ by no more than the larger of the
+Two strategies tie when their figures read the same at the precision the report shows them;
+in the speed objectives when their ratio lies within the A/A noise floor (speed_noise.py: how
+far apart single and the strategies that ran its very computation here came out); and, in the
+memory rankings and throughput, when they differ by no more than the larger of the
 two strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of
 one run's memory measurement; results.steady_spread: the max - min of samples/s over the
 steady epochs); tied strategies are all recommended, the best exact figure first. Without a
@@ -35,6 +37,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeline.reporting.speed_noise import (
+    SpeedFloor,
+    floor_reason,
+    floor_text,
+    speed_floor,
+    within_floor,
+)
 from pipeline.reporting.table import BASELINE, Row, features_text
 from pipeline.results import WARMUP_STANDS_IN
 from pipeline.tracking.comparison_run import RECOMMENDED, Registration
@@ -85,6 +94,12 @@ class Answer:
     noise: str  # where the noise estimate comes from, or that there is none and how to get one
     notes_claim: str  # the source notes' dp claim beside what was measured here
     notes_measured: dict[str, Any] = field(default_factory=dict)
+    floor: SpeedFloor = field(default_factory=lambda: SpeedFloor((), {}, {}))  # speed's A/A
+
+    @property
+    def speed_noise(self) -> str:
+        """How speed noise was measured: the A/A floor, or why there is none."""
+        return floor_text(self.floor)
 
     def choice(self) -> Optional[tuple[str, str]]:
         """(objective, strategy) whose model the compare stage registers: the throughput
@@ -208,9 +223,14 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
     ]
 
 
-def _ties(objective: _Objective, best_row: Row, best: float, row: Row, value: float) -> bool:
-    """Reads the same as the best, or lies within the larger measured spread."""
+def _ties(
+    objective: _Objective, best_row: Row, best: float, row: Row, value: float, floor: SpeedFloor
+) -> bool:
+    """Reads the same as the best, or lies within the speed objectives' A/A noise floor, or
+    within the larger measured spread."""
     if objective.shown(value) == objective.shown(best):
+        return True
+    if objective.key in SPEED_OBJECTIVES and within_floor(objective.key, best, value, floor):
         return True
     if objective.spread is None:
         return False
@@ -274,6 +294,7 @@ def _recommend(
     target: Optional[float],
     device: str,
     verdicts: Mapping[str, str],
+    floor: SpeedFloor,
 ) -> Recommendation:
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
     missing = [r["strategy"] for r in rows if objective.value(r) is None]
@@ -313,15 +334,14 @@ def _recommend(
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
     best_row, best = ranked[0]
-    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v)]
+    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v, floor)]
     tied = {id(r) for r, _ in winners}  # not always the first ones: each has its own spread
     rest = [(r, v) for r, v in ranked if id(r) not in tied]
     names = tuple(r["strategy"] for r, _ in winners)
     reasons = []
     if len(winners) > 1:
         cells = "; ".join(objective.describe(r, v) for r, v in winners)
-        within = any(objective.shown(v) != objective.shown(best) for _, v in winners)
-        reasons.append(f"{_and(names)} tie{' within the spread' if within else ''} ({cells})")
+        reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floor)} ({cells})")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
     compared: list[str] = list(names[1:])  # what the reasons set the winner against
     if objective.key == "memory_balance":
@@ -351,12 +371,28 @@ def _recommend(
         differ = _features_differ(best_row, [r for r in rows if r["strategy"] in compared])
         if differ:
             reasons.append(differ)
+    if objective.key in SPEED_OBJECTIVES and len(measured) > 1:
+        reasons += filter(None, [floor_reason(objective.key, floor)])
     if objective.spread is not None and len(measured) > 1:
         reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
     return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy)
+
+
+def _tie_kind(
+    objective: _Objective, winners: list[tuple[Row, float]], best: float, floor: SpeedFloor
+) -> str:
+    """How tied strategies tie: "" (their figures read the same), " within the noise floor"
+    (the A/A group's), or " within the spread" (the epoch-to-epoch one)."""
+    inexact = [v for _, v in winners if objective.shown(v) != objective.shown(best)]
+    if not inexact:
+        return ""
+    floored = objective.key in SPEED_OBJECTIVES and all(
+        within_floor(objective.key, best, v, floor) for v in inexact
+    )
+    return " within the noise floor" if floored else " within the spread"
 
 
 def _features_differ(best: Row, others: list[Row]) -> Optional[str]:
@@ -419,7 +455,7 @@ def _noise_text(spreads: Mapping[str, Optional[float]], seeds: Mapping[str, int]
 
 
 def _notes_claim(
-    rows: list[Row], noise: Mapping[str, Optional[float]]
+    rows: list[Row], noise: Mapping[str, Optional[float]], floor: SpeedFloor
 ) -> tuple[str, dict[str, Any]]:
     c = NOTES_CLAIM
     claim = (
@@ -455,10 +491,13 @@ def _notes_claim(
         "dp_test_acc": dp["test_acc"],
         "acc_delta": delta,
         "acc_verdict": verdict,
+        "same_computation": "dp" in floor.group,
     }
+    # on one device dp is single's computation: its speedup is the A/A pair's noise
+    aa = " (the same computation here: an A/A pair, so noise)" if "dp" in floor.group else ""
     return (
         f"{claim} Here: dp on {count(dp)} vs single on {count(single)}: {up:.2f}x per "
-        f"steady epoch ({single['steady_epoch_s']:.2f} s -> {dp['steady_epoch_s']:.2f} s); "
+        f"steady epoch{aa} ({single['steady_epoch_s']:.2f} s -> {dp['steady_epoch_s']:.2f} s); "
         f"test accuracy {single['test_acc']:.4f} -> {dp['test_acc']:.4f} ({delta:+.4f}: "
         f"{verdict}).",
         measured,
@@ -486,13 +525,15 @@ def recommend(
         if r["strategy"] != BASELINE
     }
     device = "GPU" if rows[0].get("memory_kind") == "gpu" else "process"
+    floor = speed_floor(rows)
     recommendations = tuple(
-        _recommend(objective, rows, target, device, verdicts)
+        _recommend(objective, rows, target, device, verdicts, floor)
         for objective in _objectives(target, device)
     )
-    claim, measured = _notes_claim(rows, spreads)
+    claim, measured = _notes_claim(rows, spreads, floor)
     counts = {n: len(seeds.get(n) or {}) for n in spreads}
-    return Answer(hardware(rows), recommendations, _noise_text(spreads, counts), claim, measured)
+    noise = _noise_text(spreads, counts)
+    return Answer(hardware(rows), recommendations, noise, claim, measured, floor)
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -528,7 +569,7 @@ def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
         lines += [f"  - {reason}" for reason in r.reasons]
         if r.accuracy:
             lines.append(f"  - final test accuracy: {'; '.join(r.accuracy)}")
-    lines += ["", answer.noise, "", answer.notes_claim]
+    lines += ["", answer.speed_noise, "", answer.noise, "", answer.notes_claim]
     model = _model_line(registered)
     if model is not None:
         lines += ["", model]
@@ -572,6 +613,7 @@ def html_section(answer: Answer, registered: Optional[Registration] = None) -> s
         '<section class="answer">\n'
         f"<h2>Which strategy on this hardware: {esc(answer.hardware)}</h2>\n"
         f"<ul>{''.join(items)}</ul>\n"
+        f'<p class="noise">{esc(answer.speed_noise)}</p>\n'
         f'<p class="noise">{esc(answer.noise)}</p>\n'
         f'<p class="claim">{esc(answer.notes_claim)}</p>\n'
         + (f'<p class="model">{esc(model)}</p>\n' if model else "")
@@ -593,6 +635,7 @@ def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[s
             for r in answer.recommendations
         },
         "noise": answer.noise,
+        "speed_noise": {"text": answer.speed_noise, **answer.floor.to_json()},
         "notes_claim": {
             "text": answer.notes_claim,
             "notes": dict(NOTES_CLAIM),

@@ -36,17 +36,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from pipeline.results import EpochRow
 from pipeline.tracking.mlflow_run import Tracker, read_record
 from pipeline.tracking.preload import client_code
-from pipeline.tracking.store import tracking_uri
+from pipeline.tracking.store import client, experiment_id, tracking_uri
 
 EVENTS_ENV = "PARALLEL_LAB_RUN_EVENTS"  # the file a worker's writer appends the run's events to
 POLL_S = 0.05  # how often the publisher looks for new events: well under an epoch
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PUBLISHER_NICENESS = 10
+# where the kernel refuses SCHED_IDLE (never seen on Linux, which lets any process lower its
+# own policy): the lowest niceness, about 1.5% of a core against a training thread's 100%
+PUBLISHER_NICENESS = 19
+# how long the launcher waits for the store to be made before it starts the workers: a new
+# SQLite store takes about 0.8 s of migrations on 2 CPU cores; a server that does not answer
+# fails fast (store.HTTP_ENV), and past this the workers start all the same
+STORE_READY_WAIT_S = 60.0
 # how long the publisher may take past the final push's own wait for the server (its
 # calls' timeouts, the step metrics' flush, the last system-metrics sample) before the
 # launcher gives up on it: the run is kept locally either way
@@ -209,9 +215,22 @@ class Replay:
 END = {"event": "end"}  # the launcher's, once every worker has exited
 
 
-def publisher_main(events: Path, record_path: Path, parent: int) -> None:
-    """The publisher process: below the workers in priority, and stopped by a SIGTERM or
-    SIGINT only in its waits: what the writer handed over is still pushed, one try each."""
+class StoreTurn(NamedTuple):
+    """The launcher's word to make the store (`go`: the stage was accepted), the publisher's
+    that it is made (`ready`), and the experiment to make in it."""
+
+    go: Any  # multiprocessing events: their type is the fork context's
+    ready: Any
+    experiment: str
+
+
+def publisher_main(events: Path, record_path: Path, parent: int, store: StoreTurn) -> None:
+    """The publisher process: idle-priority beside the workers, and stopped by a SIGTERM or
+    SIGINT only in its waits: what the writer handed over is still pushed, one try each.
+    Once the launcher has accepted the stage (`store.go`), and before any event, it makes
+    the store and the experiment (a new SQLite store's migrations: about a second of CPU)
+    and says so (`store.ready`), for which the launcher waits before it starts the workers:
+    the first stage on a new store no longer trains beside its creation (issue 51)."""
     stop = threading.Event()
 
     def stopping(signum: int, frame: FrameType | None) -> None:
@@ -220,18 +239,39 @@ def publisher_main(events: Path, record_path: Path, parent: int) -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stopping)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by its fork
-    # Training first: where cores are short (2 CPU cores), MLflow's pushes would otherwise
-    # take a share of the epochs the report times; where they are not (a GPU machine's), the
-    # publisher keeps up all the same.
-    os.nice(PUBLISHER_NICENESS)
+    run_when_idle()
     try:
         # now, while the launcher imports torch on another core (its start is one thread)
         with contextlib.suppress(Exception):  # a broken MLflow says so at its first push
             client_code(tracking_uri())
+        # a refused stage makes no store; a writer's first event means the stage was accepted
+        # (a caller that never says go: the tests' own publishers)
+        while not store.go.wait(POLL_S) and not events.stat().st_size:
+            if os.getppid() != parent:
+                return
+        with contextlib.suppress(Exception):  # an outage: the first push reports it
+            experiment_id(client(), store.experiment)
+        store.ready.set()
         publish_events(events, Replay(record_path, stop), parent)
     finally:
+        store.ready.set()
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def run_when_idle() -> None:
+    """This process and the threads it starts run only on a core no other process wants
+    (SCHED_IDLE): MLflow's pushes, the system-metrics sampler and the step metrics never take
+    a core from the workers the report times. Niceness alone did not do it: at niceness 10 a
+    publisher still has a tenth of a busy core, and on 2 CPU cores a training process whose
+    two threads meet at every operator waits for the slower one, so the first stage on a new
+    store trained about 15% slower than the same computation later (issue 51). Where cores
+    are to spare (a GPU machine's), idle ones are there and it keeps up all the same; what
+    it has not pushed when training ends, it pushes then, while the launcher waits for it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux
+        os.nice(PUBLISHER_NICENESS)
 
 
 def publish_events(events: Path, replay: Replay, parent: int) -> None:
@@ -258,20 +298,22 @@ def publish_events(events: Path, replay: Replay, parent: int) -> None:
 class Publisher:
     """The stage's publisher process, from the launcher's side."""
 
-    def __init__(self, record_path: Path, bound_s: float):
+    def __init__(self, record_path: Path, bound_s: float, experiment: str):
         """Fork it now, before the launcher imports torch and starts the workers: its own
-        imports (MLflow's, 2 s of CPU) then take a core that the launcher's one-thread start
-        leaves idle, and the launcher never forks while a thread of its own is busy. CUDA is
-        never touched in it. `bound_s`: how long `finish` waits for it at most."""
+        imports (MLflow's, 2 s of CPU) and the store's creation then take a core that the
+        launcher's one-thread start leaves idle, and the launcher never forks while a thread
+        of its own is busy. CUDA is never touched in it. `bound_s`: how long `finish` waits
+        for it at most; `experiment`: the MLflow experiment it makes ready."""
         self._dir = Path(tempfile.mkdtemp(prefix="parallel-lab-mlflow-"))
         self.events = self._dir / "events.jsonl"
         self.events.touch()
         self.bound_s = bound_s
         self.finished = False  # finish() has run
         context = multiprocessing.get_context("fork")
+        self.store = StoreTurn(context.Event(), context.Event(), experiment)
         self.process = context.Process(
             target=publisher_main,
-            args=(self.events, record_path, os.getpid()),
+            args=(self.events, record_path, os.getpid(), self.store),
             name="mlflow-publisher",
         )
         # a stop signal waits until the child has its own handlers (publisher_main)
@@ -288,6 +330,13 @@ class Publisher:
         if not self.finished:
             self.finish()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def make_store(self, timeout_s: float = STORE_READY_WAIT_S) -> bool:
+        """Have it make the store and the experiment now, and wait until they are made (or
+        failed to be: an outage is the first push's to report), at most `timeout_s`; False
+        if it was still at it."""
+        self.store.go.set()
+        return bool(self.store.ready.wait(timeout_s))
 
     def finish(self) -> str | None:
         """Tell it the workers are gone and wait for it to push what they handed over, at

@@ -72,6 +72,9 @@ NOT_IDENTITY = (
     "pipeline.training.devices",
     "pipeline.training.topology",
     "pipeline.training.one_node_rendezvous",
+    # the launcher's too: it reads CUDA's libraries into the page cache, which changes when
+    # a run's first epoch pays for them, never what it computes
+    "pipeline.training.machine_warmup",
 )
 
 

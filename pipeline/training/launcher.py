@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
+
 from pipeline import strategies
 from pipeline.config import Config, load_config
 from pipeline.data.fashion_mnist import train_samples
@@ -44,7 +46,7 @@ from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_r
 from pipeline.timeline import mark
 from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
-from pipeline.tracking.relay import EVENTS_ENV, Publisher
+from pipeline.tracking.relay import EVENTS_ENV, STORE_READY_WAIT_S, Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 from pipeline.training import one_node_rendezvous, worker
 from pipeline.training.checkpoint import Checkpointer
@@ -52,6 +54,8 @@ from pipeline.training.devices import choose_devices, cuda_driver_initialised, w
 from pipeline.training.faults import ENV as FAULT_ENV
 from pipeline.training.faults import parse_faults
 from pipeline.training.identity import code_digests
+from pipeline.training.machine_warmup import MARKERS as WARMUP_MARKERS
+from pipeline.training.machine_warmup import warm_once
 from pipeline.training.run_spec import resolve_run
 from pipeline.training.topology import (
     check_job,
@@ -134,6 +138,25 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
             prepare_forks()
             warm_up()
         mark("agent")  # validated, torch and the project imported
+        if gpus:  # the machine's cold start, outside every epoch (machine_warmup.py)
+            warmed = warm_once(WARMUP_MARKERS, [Path(torch.__file__).parents[1]])
+            if warmed is not None:
+                print(
+                    f"launch[{name}]: first CUDA stage since this machine booted: read "
+                    f"{warmed.files} CUDA libraries ({warmed.mib:.0f} MiB) into the page cache "
+                    f"in {warmed.seconds:.1f} s, before any epoch",
+                    flush=True,
+                )
+        mark("machine warmed")
+        # the MLflow store made before the workers start, not beside their first epochs
+        if not publisher.make_store():
+            print(
+                f"warning: the MLflow store at {tracking_uri()} was not ready in "
+                f"{STORE_READY_WAIT_S:.0f} s; training starts beside its making",
+                file=sys.stderr,
+                flush=True,
+            )
+        mark("MLflow store ready")
         code, signalled, failure = run_agent(
             launch_config(settings, start, len(gpus)), (name, worker_cfg)
         )

@@ -27,6 +27,7 @@ CHECKS = {
     "memory_peaks",
     "accuracy_is_model",
     "mlflow_runs",
+    "null_comparison",
 }
 
 
@@ -73,8 +74,11 @@ def test_the_cpu_run_passes_every_check_and_measures_every_strategy(tmp_path):
     assert result["info"]["torch"] == torch.__version__  # which torch it used
     assert result["data"] == "synthetic (512/128 images)"
     rows = result["rows"]
-    assert set(rows) == set(RUN)
+    assert set(rows) == {*RUN, "single_again"}  # the A/A repeat of single, last
     assert rows["single"]["x_single"] == 1.0
+    assert rows["single"]["beyond_noise"] is False  # single against itself
+    assert rows["single_again"]["test_acc"] == rows["single"]["test_acc"]
+    assert "A/A: single twice: steady epochs" in proc.stdout
     for name, row in rows.items():
         assert row["steady_epoch_s"] > 0 and row["samples_per_s"] > 0, name
         assert 0 < row["mfu"] < 1, name
@@ -108,13 +112,20 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     error = "RuntimeError: fault: rank 0 raised at the start"
-    assert set(result["failures"]) == {"single", "pipeline_parallel"}
+    strategy_of = {"single": "single", "pipeline_parallel": "pipeline_parallel"}
+    strategy_of["single_again"] = "single"  # the A/A repeat
+    assert set(result["failures"]) == set(strategy_of)
     for row, text in result["failures"].items():
-        assert text.startswith(f"python -m pipeline.train {row} exited 1: ") and error in text
-        assert f"gpu-check: {row}: FAILED, python -m pipeline.train {row} exited 1" in proc.stdout
+        command = f"python -m pipeline.train {strategy_of[row]} exited 1"
+        assert text.startswith(f"{command}: ") and error in text
+        assert f"gpu-check: {row}: FAILED, {command}" in proc.stdout
     passed = {c["check"] for c in result["checks"] if c["ok"]}
     assert passed == {"replicas_bf16"}  # the one check that trains no stage
-    assert "gpu-check: FAIL stages: 0 of 2 trained; single failed; pipeline_parallel failed" in (
+    assert "gpu-check: FAIL null_comparison: single and single_again did not both train" in (
         proc.stdout
+    )
+    assert (
+        "gpu-check: FAIL stages: 0 of 3 trained; single failed; pipeline_parallel failed; "
+        "single_again failed" in proc.stdout
     )
     assert result["rows"] == {}

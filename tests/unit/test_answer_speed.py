@@ -55,42 +55,43 @@ def throughput(*runs: Run) -> answer.Recommendation:
 
 
 def test_a_throughput_difference_within_the_epoch_to_epoch_spread_is_a_tie():
-    # dp 1043 samples/s against single's 1017: 1.03x, but their steady epochs spread by
-    # 36 and 34 samples/s (5.7 to 5.9 s, 5.8 to 6.0 s), more than the 26 between them
+    # ddp 1043 samples/s against single's 1017: 1.03x, but their steady epochs spread by
+    # 36 and 34 samples/s (5.7 to 5.9 s, 5.8 to 6.0 s), more than the 26 between them (ddp:
+    # no A/A partner of single's, so the spread alone decides)
     single = run("single", [9.0, 5.9, 5.8, 6.0])
-    dp = run("dp", [9.0, 5.75, 5.7, 5.9])
-    rec = throughput(single, dp)
-    assert rec.strategies == ("dp", "single")
+    ddp = run("ddp", [9.0, 5.75, 5.7, 5.9])
+    rec = throughput(single, ddp)
+    assert rec.strategies == ("ddp", "single")
     assert rec.reasons == (
-        "dp and single tie within the spread (dp 1043 samples/s; single 1017 samples/s)",
-        "epoch-to-epoch spread (a difference within it is a tie): dp 36 samples/s, single 34 "
+        "ddp and single tie within the spread (ddp 1043 samples/s; single 1017 samples/s)",
+        "epoch-to-epoch spread (a difference within it is a tie): ddp 36 samples/s, single 34 "
         "samples/s",
     )  # no win is claimed
 
 
 def test_a_difference_beyond_the_spread_is_a_win():
     single = run("single", [9.0, 5.9, 5.8, 6.0])
-    dp = run("dp", [9.0, 5.0, 4.95, 5.05])  # 1200 samples/s, spreads of 24 and 35
-    rec = throughput(single, dp)
-    assert rec.strategies == ("dp",)
-    assert rec.reasons[0] == "dp: 1.18x single's steady samples/s (1200 vs 1017 samples/s)"
+    ddp = run("ddp", [9.0, 5.0, 4.95, 5.05])  # 1200 samples/s, spreads of 24 and 35
+    rec = throughput(single, ddp)
+    assert rec.strategies == ("ddp",)
+    assert rec.reasons[0] == "ddp: 1.18x single's steady samples/s (1200 vs 1017 samples/s)"
 
 
 def test_a_graphed_run_is_never_set_against_an_eager_one_without_saying_so():
     single = run("single", [9.0, 3.0, 3.0, 3.0], GRAPHED)
-    dp = run("dp", [9.0, 6.0, 6.0, 6.0])
-    rec = throughput(single, dp)
+    ddp = run("ddp", [9.0, 6.0, 6.0, 6.0])
+    rec = throughput(single, ddp)
     assert rec.strategies == ("single",)
     assert (
         rec.reasons[0]
-        == "single: 2.00x dp's steady samples/s (2000 vs 1000 samples/s) (the next best)"
+        == "single: 2.00x ddp's steady samples/s (2000 vs 1000 samples/s) (the next best)"
     )
     assert rec.reasons[1] == (
         "not like for like: single ran bf16, channels_last, compile, CUDA graph of the whole "
-        "step; dp: fp32 (part of the difference is the speed options', not the strategies')"
+        "step; ddp: fp32 (part of the difference is the speed options', not the strategies')"
     )
     # alike, nothing to say
-    same = throughput(run("single", [9.0, 3.0, 3.0, 3.0]), dp)
+    same = throughput(run("single", [9.0, 3.0, 3.0, 3.0]), ddp)
     assert not any(reason.startswith("not like for like") for reason in same.reasons)
 
 

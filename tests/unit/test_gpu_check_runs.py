@@ -28,7 +28,8 @@ from support import wait_for
 def test_every_run_on_a_gpu_logs_to_the_checks_experiment_single_at_defaults_too():
     """single_defaults once went to params.yaml's experiment: 6 runs counted for 7 stages."""
     runs = planned_runs(list(NAMES), "cuda", SIZES["cuda"], real_data=True)
-    assert list(runs) == [*NAMES, "single_defaults"]
+    assert list(runs) == [*NAMES, "single_defaults", "single_again"]
+    assert runs["single_again"] == runs["single"]  # the A/A repeat, last
     assert runs["single_defaults"] == (
         "single",
         ["devices=0", "train.epochs=2", f"mlflow.experiment={EXPERIMENT}"]
@@ -47,7 +48,7 @@ def test_the_cpu_run_has_no_defaults_row_and_limits_only_the_real_data():
         + ["train.epochs=2", "train.eval_batch_size=64", "train.channels_last=false"]
         + [f"mlflow.experiment={EXPERIMENT}"],
     )
-    assert list(runs) == ["single", "fsdp"]
+    assert list(runs) == ["single", "fsdp", "single_again"]  # the A/A repeat, last
     real = planned_runs(["single"], "cpu", SIZES["cpu"], real_data=True)
     assert real["single"][1][-2:] == ["data.limit_train=512", "data.limit_test=128"]
 

@@ -108,7 +108,7 @@ def test_a_restarted_writer_goes_on_with_the_same_run(tmp_path, store):
 
 def test_the_publisher_process_pushes_everything_before_the_launcher_goes_on(tmp_path, store):
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900, experiment="tests") as publisher:
         relay = Relay(publisher.events, record_path, opening())
         relay.publish([epoch(1)], [], status=FINISHED)
         relay.close()
@@ -120,14 +120,14 @@ def test_the_publisher_process_pushes_everything_before_the_launcher_goes_on(tmp
 
 def test_a_stage_refused_before_its_workers_stops_its_publisher_at_once(tmp_path, store):
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900, experiment="tests") as publisher:
         pass  # as when the launcher refuses the stage: nothing was handed over
     assert publisher.process.exitcode is not None and not record_path.exists()
 
 
 def test_a_publisher_that_died_is_said_so(tmp_path, store):
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900, experiment="tests") as publisher:
         Relay(publisher.events, record_path, opening())
         publisher.process.kill()  # as the OOM killer would
         assert publisher.finish() == "its publisher exited with -9"
@@ -139,7 +139,7 @@ def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeyp
     run stays kept locally for `python -m pipeline.publish`."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900, experiment="tests") as publisher:
         relay = Relay(publisher.events, record_path, opening())
         wait_for(record_path.exists, 120, "the publisher to replay the opening")  # it runs
         os.kill(publisher.process.pid, signal.SIGTERM)
@@ -152,7 +152,7 @@ def test_a_stop_cuts_the_final_wait_for_an_absent_server_short(tmp_path, monkeyp
 def test_a_stop_the_writer_saw_makes_the_final_push_one_try(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
     record_path = tmp_path / "run.json"
-    with Publisher(record_path, bound_s=900) as publisher:
+    with Publisher(record_path, bound_s=900, experiment="tests") as publisher:
         relay = Relay(publisher.events, record_path, opening())
         relay.publish([epoch(1)], [], status=FINISHED, wait_s=900, give_up=lambda: True)
         assert publisher.finish() is None and publisher.process.exitcode == 0

@@ -1,0 +1,167 @@
+"""The report's noise floor for speed: an A/A comparison built into every experiment. Pure
+functions over the table's rows (table.comparison_rows): no files, no MLflow.
+
+Some strategies run `single`'s very computation at its cost on some hardware: on one device
+DataParallel (`dp`, and `balanced_dp`, whose split has nothing to split) calls the model
+directly, in one process, with the same batch (their losses equal single's to the last
+digit on a CPU). Their speed can then differ from single's only by chance: the machine's
+noise between processes (20 to 30% on a busy 2-core VM, where within a run the epochs agree
+to a few percent), the order they ran in, what else ran beside them. So their measured
+difference is the run-to-run noise floor for speed: a throughput or time-to-target
+difference between any two strategies is called real only beyond it (answer.py), and the
+null group itself is always a tie, whatever order the strategies ran in.
+
+On a GPU the DataParallel wrapper itself costs a little time (scatter and gather around one
+device: 1 to 3% on an H200), which lands in the floor too: it can only call more ties, never
+a win that is not there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pipeline.reporting.table import BASELINE, Row
+
+# the strategies that, on one device, run single's computation in one process: DataParallel
+# calls the module itself when it has one device (torch's data_parallel.py), and
+# balanced_dp's share for device 0 is then the whole batch
+SAME_AS_SINGLE_ON_ONE_DEVICE = ("dp", "balanced_dp")
+# the speed objectives the floor applies to, and each one's figure (a row key) and sense
+FIGURES: dict[str, tuple[str, bool]] = {
+    "throughput": ("steady_samples_per_s", False),  # (key, lower is better)
+    "fastest_to_target": ("time_to_target_s", True),
+}
+
+
+@dataclass(frozen=True)
+class SpeedFloor:
+    """The A/A group (single and the strategies that ran its computation at its cost here),
+    each speed objective's floor (the group's largest relative difference, a fraction; None
+    where fewer than two of them have the figure) and the figures it came from."""
+
+    group: tuple[str, ...]
+    floors: dict[str, Optional[float]]
+    figures: dict[str, dict[str, float]]
+    why_none: str = ""  # where there is no group: why, in words
+
+    def floor(self, objective: str) -> Optional[float]:
+        return self.floors.get(objective)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": list(self.group),
+            "floors": self.floors,
+            "figures": self.figures,
+            "why_none": self.why_none or None,
+        }
+
+
+def null_group(rows: Sequence[Row]) -> tuple[tuple[str, ...], str]:
+    """(the strategies that ran single's computation at single's cost here, single first;
+    why there are fewer than two, or "")."""
+    base = next((r for r in rows if r["strategy"] == BASELINE), None)
+    if base is None:
+        return (), f"{BASELINE} did not run: no A/A pair to measure the noise with"
+
+    def same_as_base(row: Row) -> bool:
+        return (
+            row["strategy"] in SAME_AS_SINGLE_ON_ONE_DEVICE
+            and row["world_size"] == 1
+            and len(row["devices"]) == 1
+            and row["devices"] == base["devices"]
+            and row["batch_split"] == base["batch_split"]
+            and row.get("speed_features") == base.get("speed_features")
+        )
+
+    group = (BASELINE, *(r["strategy"] for r in rows if same_as_base(r)))
+    if len(group) > 1:
+        return group, ""
+    partners = " or ".join(SAME_AS_SINGLE_ON_ONE_DEVICE)
+    ran = [r for r in rows if r["strategy"] in SAME_AS_SINGLE_ON_ONE_DEVICE]
+    if not ran:
+        return group, f"neither {partners} ran beside {BASELINE}: no A/A pair"
+    return group, (
+        f"{partners} ran on other devices or settings than {BASELINE} (on several GPUs they "
+        "split the batch): no strategy here repeats single's computation, so no A/A pair"
+    )
+
+
+def relative_spread(values: Sequence[float]) -> Optional[float]:
+    """max / min - 1 of positive figures: how far apart the same computation's runs came
+    out, as a fraction; None with fewer than two."""
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    return max(values) / min(values) - 1
+
+
+def speed_floor(rows: Sequence[Row]) -> SpeedFloor:
+    """The A/A group's floor for each speed objective."""
+    group, why = null_group(rows)
+    by_name = {r["strategy"]: r for r in rows}
+    floors: dict[str, Optional[float]] = {}
+    figures: dict[str, dict[str, float]] = {}
+    for objective, (key, _) in FIGURES.items():
+        measured = {n: by_name[n][key] for n in group if by_name[n].get(key) is not None}
+        figures[objective] = measured
+        floors[objective] = relative_spread(list(measured.values()))
+    return SpeedFloor(group, floors, figures, why)
+
+
+def within_floor(objective: str, best: float, value: float, floor: SpeedFloor) -> bool:
+    """Whether `value` lies within the noise floor of `best` (the better figure): their
+    ratio, better over worse, is no further from 1 than the A/A group's own."""
+    bound = floor.floor(objective)
+    if bound is None or best <= 0 or value <= 0:
+        return False
+    ratio = value / best if FIGURES[objective][1] else best / value
+    return ratio - 1 <= bound
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _cells(figures: dict[str, float], shown: Callable[[float], str]) -> str:
+    return ", ".join(f"{name} {shown(v)}" for name, v in figures.items())
+
+
+def floor_reason(objective: str, floor: SpeedFloor) -> Optional[str]:
+    """The answer's line for an objective: the floor it was judged against, measured how."""
+    bound = floor.floor(objective)
+    if bound is None:
+        return None
+    figures = floor.figures[objective]
+    shown = (
+        (lambda v: f"{v:.0f} samples/s") if objective == "throughput" else (lambda v: f"{v:.1f} s")
+    )
+    return (
+        f"noise floor {bound:.1%} (A/A: {_and(list(figures))}, the same computation here: "
+        f"{_cells(figures, shown)}): a difference within it is a tie"
+    )
+
+
+def floor_text(floor: SpeedFloor) -> str:
+    """How speed noise was measured, for the report's noise paragraph."""
+    if len(floor.group) < 2:
+        return (
+            f"Speed noise: {floor.why_none}; speed differences are tested against the "
+            "epoch-to-epoch spread alone, which does not see the noise between processes "
+            "(20 to 30% on a busy machine). On one device or a CPU, run dp beside single for "
+            "an A/A floor."
+        )
+    parts = []
+    for objective, label in (("throughput", "steady samples/s"), ("fastest_to_target", "time")):
+        bound = floor.floor(objective)
+        if bound is not None:
+            parts.append(f"{bound:.1%} in {label}")
+    measured = "; ".join(parts) if parts else "not measured (fewer than two have the figures)"
+    return (
+        f"Speed noise: {_and(list(floor.group))} run the same computation at the same cost "
+        f"here (an A/A check), so their difference is the run-to-run noise floor: "
+        f"{measured}. A throughput or time-to-target difference is called real only beyond "
+        "it, and beyond the larger epoch-to-epoch spread of samples/s of the two strategies; "
+        "every strategy ran with the same seed, data order and initial weights. Each figure "
+        "leaves out the warm-up epoch (its process's one-off start); time to target counts it."
+    )

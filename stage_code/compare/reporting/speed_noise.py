@@ -1,0 +1,1 @@
+../../../pipeline/reporting/speed_noise.py

@@ -1,0 +1,1 @@
+../../../pipeline/training/machine_warmup.py

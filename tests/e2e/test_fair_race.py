@@ -1,0 +1,44 @@
+"""A fair race (issue 51): the quickstart on a new MLflow store, with the strategies in
+params.yaml's order and reversed, answers every objective the same (ties allowed), and calls
+its A/A group (single, dp and balanced_dp: one computation on the CPU) a tie in both orders."""
+
+import json
+import shutil
+
+from pipeline.strategies import NAMES
+from support import run
+
+# on top of params.yaml's `quick`: what the test mirror holds, in seconds per stage
+SMALL = ["data.limit_train=512", "data.limit_test=128", "train.epochs=2", "train.batch_size=32"]
+NEW_STORE = "sqlite:///new-store.db"  # relative: created by the quickstart itself, not a copy
+
+
+def quickstart(project, order: list[str]) -> dict:
+    """The quickstart with the strategies in `order` on a new store; its recommendation.json."""
+    (project / "new-store.db").unlink(missing_ok=True)
+    for folder in ("results", "checkpoints", "reports"):  # else the stages would resume
+        shutil.rmtree(project / folder, ignore_errors=True)
+    strategies = f"strategies=[{','.join(order)}]"
+    command = ("python", "-m", "pipeline.quickstart", strategies, *SMALL)
+    run(project, *command, timeout=600, MLFLOW_TRACKING_URI=NEW_STORE)
+    return json.loads((project / "reports/recommendation.json").read_text())
+
+
+def test_either_order_on_a_new_store_gives_the_same_answer(fetched_project):
+    project = fetched_project(report={"target_accuracy": 0.5})
+    forward = quickstart(project, list(NAMES))
+    reverse = quickstart(project, list(reversed(NAMES)))
+    for name, answer in (("forward", forward), ("reverse", reverse)):
+        noise = answer["speed_noise"]
+        assert noise["group"] == ["single", "dp", "balanced_dp"], name
+        assert noise["floors"]["throughput"] is not None, name
+        assert noise["text"].startswith("Speed noise: single, dp and balanced_dp run"), name
+        # the A/A group is one computation: where one of it leads, all of it ties
+        picks = answer["objectives"]["throughput"]["strategies"]
+        if picks[0] in noise["group"]:
+            assert set(noise["group"]) <= set(picks), (name, picks)
+    for objective, told in forward["objectives"].items():
+        again = reverse["objectives"][objective]
+        assert set(told["strategies"]) & set(again["strategies"]) or not (
+            told["strategies"] or again["strategies"]
+        ), (objective, told, again)

@@ -1,0 +1,189 @@
+"""The report's A/A noise floor for speed (pipeline/reporting/speed_noise.py, issue 51): which
+strategies run single's computation at its cost, the floor their difference gives, and the
+answer's speed objectives judged against it, the same in every order."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from pipeline.reporting import answer, speed_noise, table
+from pipeline.results import EpochRow, RunSummary, speed_figures
+
+SAMPLES = 6000
+EAGER = {"precision": "fp32", "channels_last": False, "compile": "off", "cuda_graphs": "none"}
+GPU_DEVICES = ["cuda:0", "cuda:1"]
+
+
+def run(
+    name: str,
+    seconds: list[float],
+    devices: list[str] | None = None,
+    features: dict | None = None,
+    accuracy: list[float] | None = None,
+) -> tuple[RunSummary, list[EpochRow]]:
+    """A finished run whose epochs took `seconds` (the first a warm-up), reaching `accuracy`
+    (every epoch 0.8 unless given)."""
+    devices = devices or ["cpu"]
+    accuracy = accuracy or [0.8] * len(seconds)
+    history, wall = [], 0.0
+    for epoch, (s, acc) in enumerate(zip(seconds, accuracy), 1):
+        wall += s
+        history.append(EpochRow(epoch, 1.0, 0.5, 1.0, acc, s, SAMPLES / s, wall, warmup=epoch == 1))
+    summary = RunSummary(
+        strategy=name,
+        world_size=1,
+        devices=devices,
+        batch_split=[256 // len(devices)] * len(devices),
+        epochs=len(seconds),
+        test_acc=accuracy[-1],
+        best_test_acc=max(accuracy),
+        test_loss=1.0,
+        train_loss=1.0,
+        epoch_seconds=seconds[-1],
+        samples_per_s=SAMPLES / seconds[-1],
+        total_seconds=wall,
+        **speed_figures(history),
+        speed_features=dict(features or EAGER),
+        memory={"memory_kind": "cpu", "peak_memory_mib": {"cpu0": 100.0}, "mem_imbalance": 1.0},
+    )
+    return summary, history
+
+
+def rows_of(*runs, target: float | None = None) -> list[dict]:
+    return table.comparison_rows([s for s, _ in runs], {s.strategy: h for s, h in runs}, target)
+
+
+def picks(rows: list[dict], target: float | None = None) -> dict[str, tuple[str, ...]]:
+    return {r.objective: r.strategies for r in answer.recommend(rows, target).recommendations}
+
+
+# --- the group -------------------------------------------------------------------------------
+
+
+def test_on_one_device_dp_and_balanced_dp_repeat_singles_computation():
+    rows = rows_of(run("single", [3, 2]), run("dp", [3, 2]), run("balanced_dp", [3, 2]))
+    assert speed_noise.null_group(rows) == (("single", "dp", "balanced_dp"), "")
+
+
+@pytest.mark.parametrize(
+    ("partner", "why"),
+    [
+        (run("dp", [3, 2], devices=GPU_DEVICES), "split the batch"),
+        (run("dp", [3, 2], features={**EAGER, "compile": "default"}), "other devices or settings"),
+        (run("ddp", [3, 2]), "neither dp or balanced_dp ran"),
+    ],
+)
+def test_a_run_of_other_work_is_no_partner(partner, why):
+    group, reason = speed_noise.null_group(rows_of(run("single", [3, 2]), partner))
+    assert group == ("single",) and why in reason
+    floor = speed_noise.speed_floor(rows_of(run("single", [3, 2]), partner))
+    assert floor.floors == {"throughput": None, "fastest_to_target": None}
+    answered = answer.recommend(rows_of(run("single", [3, 2]), partner), None)
+    assert "no A/A pair" in answered.speed_noise
+
+
+def test_without_single_there_is_no_group():
+    group, reason = speed_noise.null_group(rows_of(run("dp", [3, 2])))
+    assert group == () and "single did not run" in reason
+
+
+# --- the arithmetic ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "spread"),
+    [([], None), ([5.0], None), ([2.0, 2.0], 0.0), ([2.0, 2.5], 0.25), ([2.5, 2.0, 2.2], 0.25)],
+)
+def test_relative_spread(values, spread):
+    assert speed_noise.relative_spread(values) == spread
+
+
+def test_the_floor_is_the_groups_largest_ratio_for_each_speed_figure():
+    rows = rows_of(
+        run("single", [3.0, 2.0, 2.0], accuracy=[0.5, 0.95, 0.95]),
+        run("dp", [3.3, 2.2, 2.2], accuracy=[0.5, 0.95, 0.95]),
+        run("balanced_dp", [3.0, 2.1, 2.1], accuracy=[0.5, 0.95, 0.95]),
+        target=0.9,
+    )
+    floor = speed_noise.speed_floor(rows)
+    assert floor.floor("throughput") == pytest.approx(2.2 / 2.0 - 1)
+    assert floor.floor("fastest_to_target") == pytest.approx(5.5 / 5.0 - 1)
+
+
+@pytest.mark.parametrize("objective", ["throughput", "fastest_to_target"])
+def test_within_the_floor_either_way_round(objective):
+    floor = speed_noise.SpeedFloor(("single", "dp"), {objective: 0.10}, {})
+    lower_better = objective == "fastest_to_target"
+    best, inside, outside = (10.0, 10.99, 11.01) if lower_better else (11.0, 10.01, 9.99)
+    assert speed_noise.within_floor(objective, best, inside, floor)
+    assert not speed_noise.within_floor(objective, best, outside, floor)
+    none = speed_noise.SpeedFloor(("single",), {objective: None}, {})
+    assert not speed_noise.within_floor(objective, best, best * 1.0001, none)
+
+
+# --- the answer ---------------------------------------------------------------------------------
+
+
+def test_the_issues_first_cpu_quickstart_is_a_tie_not_a_win():
+    """Issue 51's first CPU quickstart: dp at 1.41x single's samples/s, the identical
+    computation, was called a win. Their difference is now the floor: a tie."""
+    single = run("single", [5.64, 3.70, 3.85])
+    dp = run("dp", [3.46, 2.54, 2.82])
+    rec = {r.objective: r for r in answer.recommend(rows_of(single, dp), None).recommendations}
+    assert rec["throughput"].strategies == ("dp", "single")
+    assert rec["throughput"].reasons[0].startswith("dp and single tie within the noise floor")
+    # steady epochs' medians 3.775 and 2.68 s: 1.409x
+    floor_line = "noise floor 40.9% (A/A: single and dp"
+    assert any(r.startswith(floor_line) for r in rec["throughput"].reasons)
+
+
+def test_a_strategy_beyond_the_floor_still_wins_and_one_within_it_ties():
+    group = [run("single", [3, 2.0, 2.0]), run("dp", [3, 2.1, 2.1])]  # floor 5%
+    far = run("ddp", [3, 1.5, 1.5])  # 1.33x the best of them
+    near = run("fsdp", [3, 1.96, 1.96])  # 2% faster than single
+    assert picks(rows_of(*group, far))["throughput"] == ("ddp",)
+    # single lies within 5% of fsdp, dp (7% behind fsdp) beyond it
+    assert picks(rows_of(*group, near))["throughput"] == ("fsdp", "single")
+
+
+def test_the_recommendations_are_the_same_in_every_order():
+    """Whatever order the rows come in (the order the stages ran in, as the table lists
+    them in NAMES' order but the figures carry the order's noise), the picks are the same
+    sets, and the A/A group never splits when its best leads."""
+    rng = random.Random(51)
+    names = ["single", "dp", "balanced_dp", "ddp", "fsdp"]
+    for _ in range(30):
+        runs = [
+            run(n, [3.0, s, s * rng.uniform(0.97, 1.03)], accuracy=[0.5, 0.92, 0.95])
+            for n, s in zip(names, [rng.uniform(1.8, 2.6) for _ in names])
+        ]
+        answers = {
+            tuple(
+                tuple(sorted(picks(rows_of(*order, target=0.9), 0.9)[k]))
+                for k in ("throughput", "fastest_to_target")
+            )
+            for order in itertools.permutations(runs)
+        }
+        assert len(answers) == 1
+        rows = rows_of(*runs, target=0.9)
+        chosen = picks(rows, 0.9)["throughput"]  # the best first
+        group = set(speed_noise.null_group(rows)[0])
+        assert chosen[0] not in group or group <= set(chosen)
+
+
+def test_the_report_says_how_speed_noise_was_measured():
+    rows = rows_of(run("single", [3, 2.0, 2.0]), run("dp", [3, 2.1, 2.1]))
+    answered = answer.recommend(rows, None)
+    assert answered.speed_noise.startswith(
+        "Speed noise: single and dp run the same computation at the same cost here (an A/A "
+        "check), so their difference is the run-to-run noise floor: 5.0% in steady samples/s"
+    )
+    assert answered.speed_noise in answer.markdown(answered)
+    assert answered.speed_noise.split(":")[0] in answer.html_section(answered)
+    saved = answer.to_json(answered)["speed_noise"]
+    assert saved["group"] == ["single", "dp"]
+    assert saved["floors"]["throughput"] == pytest.approx(0.05)
+    assert "A/A pair, so noise" in answered.notes_claim
