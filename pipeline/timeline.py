@@ -9,6 +9,9 @@ import os
 import time
 
 ENV = "PARALLEL_LAB_TIMELINE"
+# the stage's MLflow publisher, as it ends: the CPU seconds it used beside the other phases
+# (at idle priority, never a training core's), the figure after this word
+PUBLISHER_CPU = "MLflow publisher CPU"
 
 
 def mark(phase: str, rank: int = 0) -> None:

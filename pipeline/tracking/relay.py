@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any, NamedTuple, Optional
 
 from pipeline.results import EpochRow
+from pipeline.timeline import PUBLISHER_CPU, mark
 from pipeline.tracking.mlflow_run import Tracker, read_record
 from pipeline.tracking.preload import client_code
 from pipeline.tracking.store import client, experiment_id, tracking_uri
@@ -255,6 +256,7 @@ def publisher_main(events: Path, record_path: Path, parent: int, store: StoreTur
         publish_events(events, Replay(record_path, stop), parent)
     finally:
         store.ready.set()
+        mark(f"{PUBLISHER_CPU} {time.process_time():.3f}")  # what it cost, every thread's
         sys.stdout.flush()
         sys.stderr.flush()
 

@@ -125,6 +125,29 @@ def test_a_stage_refused_before_its_workers_stops_its_publisher_at_once(tmp_path
     assert publisher.process.exitcode is not None and not record_path.exists()
 
 
+def test_the_store_is_made_when_the_stage_is_accepted_at_idle_priority(
+    tmp_path, store, monkeypatch
+):
+    """Issue 51: the store and the experiment are made before the workers start (make_store
+    returns once they are), not beside their first epochs; a stage refused before that makes
+    none; the publisher runs at SCHED_IDLE, and says in the stage's timeline what CPU it used."""
+    timeline = tmp_path / "timeline.txt"
+    monkeypatch.setenv("PARALLEL_LAB_TIMELINE", str(timeline))
+    database = tmp_path / "mlflow.db"
+    with Publisher(tmp_path / "run.json", bound_s=900, experiment="tests") as publisher:
+        assert not database.exists()  # no go yet: a refused stage would stop here
+        assert publisher.make_store()
+        # set before it made the store: from its first step on
+        assert os.sched_getscheduler(publisher.process.pid) == os.SCHED_IDLE
+        assert MlflowClient().get_experiment_by_name("tests") is not None
+        assert publisher.finish() is None  # nothing handed over: stopped at once
+    with Publisher(tmp_path / "run.json", bound_s=900, experiment="tests") as publisher:
+        Relay(publisher.events, tmp_path / "run.json", opening())
+        assert publisher.finish() is None and publisher.process.exitcode == 0
+    (line,) = [x for x in timeline.read_text().splitlines() if "MLflow publisher CPU" in x]
+    assert float(line.rsplit(" ", 1)[1]) > 0
+
+
 def test_a_publisher_that_died_is_said_so(tmp_path, store):
     record_path = tmp_path / "run.json"
     with Publisher(record_path, bound_s=900, experiment="tests") as publisher:
