@@ -40,6 +40,7 @@ LONGEST_FIRST = [
     "test_scale_out",
     "test_dvc_pipeline",
     "test_gpu_check",
+    "test_fair_race",
     "test_quickstart",
     "test_bad_files",
 ]

@@ -59,8 +59,8 @@ class SpeedFloor:
 
 
 def null_group(rows: Sequence[Row]) -> tuple[tuple[str, ...], str]:
-    """(the strategies that ran single's computation at single's cost here, single first;
-    why there are fewer than two, or "")."""
+    """(the strategies that ran single's computation at single's cost here, single first,
+    then as SAME_AS_SINGLE_ON_ONE_DEVICE lists them; why there are fewer than two, or "")."""
     base = next((r for r in rows if r["strategy"] == BASELINE), None)
     if base is None:
         return (), f"{BASELINE} did not run: no A/A pair to measure the noise with"
@@ -75,7 +75,9 @@ def null_group(rows: Sequence[Row]) -> tuple[tuple[str, ...], str]:
             and row.get("speed_features") == base.get("speed_features")
         )
 
-    group = (BASELINE, *(r["strategy"] for r in rows if same_as_base(r)))
+    members = {r["strategy"] for r in rows if same_as_base(r)}
+    # in one order whatever order the stages ran in: the same words for the same finding
+    group = (BASELINE, *(n for n in SAME_AS_SINGLE_ON_ONE_DEVICE if n in members))
     if len(group) > 1:
         return group, ""
     partners = " or ".join(SAME_AS_SINGLE_ON_ONE_DEVICE)
