@@ -249,12 +249,12 @@ def table(result: dict) -> str:
         wall = [f"**{result['median_wall_s'][k]:.2f}**" for k in keys]
         lines.append("| **the stage's wall time** | " + " | ".join(wall) + " |")
     if "median_publisher_cpu_s" in result:  # older JSONs have no such figure
-        cells = ", ".join(f"{k} {v:.2f}" for k, v in result["median_publisher_cpu_s"].items())
+        cpu = ", ".join(f"{k} {v:.2f}" for k, v in result["median_publisher_cpu_s"].items())
         lines += [
             "",
             "Beside these phases, the stage's MLflow publisher (its imports, the store, the run, "
             "the pushes, the system metrics), at idle priority so that it never takes a "
-            f"training core, used a median of {cells} s of CPU.",
+            f"training core, used a median of {cpu} s of CPU.",
         ]
     if "floor" in result:
         floor = result["floor"]

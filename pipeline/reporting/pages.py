@@ -121,7 +121,9 @@ def _legend(rows: list[Row], target: float | None) -> str:
         f"ones stand in, marked (warm-up); an epoch resumed mid-way never does (its time "
         f"spans more than one process start): a run left without a figure shows none, says "
         f"why in its notes and is not ranked on throughput. Speedup and accuracy delta are "
-        f"against {table.BASELINE}; scaling efficiency = speedup / devices. Time to target = wall "
+        f'against {table.BASELINE}; scaling efficiency = speedup / devices; "within noise": '
+        f"inside the A/A noise floor (see Speed noise above), so no speedup at all. Time to "
+        f"target = wall "
         f"time until test accuracy first reached "
         f"{target if target is not None else '(none set)'}. Training peak: the highest of any "
         f"one {where} over the training steps of any epoch; every device's is below."

@@ -27,6 +27,7 @@ from pipeline.files import atomic_write
 from pipeline.reporting import answer, table
 from pipeline.reporting.pages import html_page, markdown_page
 from pipeline.reporting.plots import PLOTS, write_plots
+from pipeline.reporting.speed_noise import speedup_within_noise
 from pipeline.reporting.table import Row
 from pipeline.results import read_history, read_summary
 from pipeline.strategies import NAMES, check_names
@@ -94,6 +95,9 @@ def write_report(
     # the noise estimate: each strategy's seed sweep among the runs in MLflow, if any
     seeds = {r["strategy"]: seed_accuracies(r["mlflow_run_id"]) for r in rows} if mlflow else {}
     answered = answer.recommend(rows, target, seeds)
+    base = next((r for r in rows if r["strategy"] == table.BASELINE), None)
+    for row in rows:  # the table's speedups, read against the A/A floor (speed_noise.py)
+        row["speedup_within_noise"] = speedup_within_noise(row, base, answered.floor)
     if mlflow is not None and model_of is not None:  # what `register` registers
         log_final_models([r["strategy"] for r in rows if r["mlflow_run_id"]], model_of)
     registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)

@@ -121,6 +121,17 @@ def within_floor(objective: str, best: float, value: float, floor: SpeedFloor) -
     return ratio - 1 <= bound
 
 
+def speedup_within_noise(row: Row, base: Optional[Row], floor: SpeedFloor) -> Optional[bool]:
+    """Whether `row`'s speedup over single (`base`) lies within the throughput floor: the
+    table then says so beside it. None where there is no floor or no figure to judge."""
+    if base is None or floor.floor("throughput") is None or row is base:
+        return None
+    mine, theirs = row.get("steady_samples_per_s"), base.get("steady_samples_per_s")
+    if mine is None or theirs is None:
+        return None
+    return within_floor("throughput", max(mine, theirs), min(mine, theirs), floor)
+
+
 def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 

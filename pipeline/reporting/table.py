@@ -151,7 +151,11 @@ def _epoch_seconds_cell(v: Optional[float], row: dict[str, Any]) -> str:
 
 
 def _speedup_cell(v: Optional[float], row: dict[str, Any]) -> str:
-    return "n/a" if v is None else f"{v:.2f}x ({row['scaling_efficiency']:.0%})"
+    if v is None:
+        return "n/a"
+    # within the A/A noise floor (the compare stage sets it; speed_noise.py): no real speedup
+    noise = ", within noise" if row.get("speedup_within_noise") else ""
+    return f"{v:.2f}x ({row['scaling_efficiency']:.0%}{noise})"
 
 
 def _accuracy_cell(v: float, row: dict[str, Any]) -> str:

@@ -190,3 +190,26 @@ def test_the_report_says_how_speed_noise_was_measured():
     assert saved["group"] == ["single", "dp"]
     assert saved["floors"]["throughput"] == pytest.approx(0.05)
     assert "A/A pair, so noise" in answered.notes_claim
+
+
+def test_the_tables_speedup_says_when_it_lies_within_the_floor():
+    rows = rows_of(
+        run("single", [3, 2.0, 2.0]),
+        run("dp", [3, 2.1, 2.1]),  # the floor: 5%
+        run("ddp", [3, 1.5, 1.5]),  # 1.33x single's samples/s: beyond it
+        run("fsdp", [3, 2.05, 2.05]),  # 0.98x: within it
+    )
+    floor = answer.recommend(rows, None).floor
+    within = [speed_noise.speedup_within_noise(r, rows[0], floor) for r in rows]
+    assert within == [None, True, False, True]  # single against itself: nothing to judge
+    assert speed_noise.speedup_within_noise(rows[2], None, floor) is None  # no single
+    for row, value in zip(rows, within):
+        row["speedup_within_noise"] = value
+    head, body = table.table_cells(rows, None)
+    column = head.index("speedup vs single (scaling efficiency)")
+    assert [cells[column] for cells in body] == [
+        "1.00x (100%)",
+        "0.95x (95%, within noise)",
+        "1.33x (133%)",
+        "0.98x (98%, within noise)",
+    ]
