@@ -11,12 +11,16 @@ number of times.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Optional
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
 
 from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import UserError, exit_on_user_error, first_line
+from pipeline.locks import holding
 from pipeline.strategies import check_names
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
@@ -29,13 +33,24 @@ def main(argv: Optional[list[str]] = None) -> None:
     check_tracking_uri(tracking_uri())
     # Imported once the command line is read: it loads torch (checkpoint records), which
     # --help and bad input need not wait for.
-    from pipeline.tracking.kept_runs import publish_strategy
     from pipeline.training.final_model import model_source
 
     model_of = model_source if cfg.mlflow.log_model else None
+    with contextlib.ExitStack() as held:
+        # no stage of these strategies runs meanwhile (it publishes its own run; issue 50),
+        # and none starts until this is done
+        for name in cfg.strategies:
+            held.enter_context(holding(f"train-{name}", f"train[{name}]"))
+        publish_all(cfg.strategies, model_of)
+
+
+def publish_all(names: list[str], model_of: Optional[Callable[[Path], Any]]) -> None:
+    """Push each strategy's kept run; one line each, then the first refusal or outage as
+    the command's error."""
+    from pipeline.tracking.kept_runs import publish_strategy
 
     unreachable, refused = [], []
-    for name in cfg.strategies:
+    for name in names:
         try:
             print(f"publish: {publish_strategy(name, model_of=model_of)}", flush=True)
         except UserError as err:  # this strategy's files disagree: the others still go

@@ -27,6 +27,7 @@ from typing import Optional
 from pipeline.cli import exit_code, parse_args
 from pipeline.config import load_config
 from pipeline.errors import STOPPED_EXIT, USER_ERROR_EXIT, UserError, exit_on_user_error
+from pipeline.locks import holding
 from pipeline.strategies import check_names
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
@@ -41,25 +42,41 @@ def main(argv: Optional[list[str]] = None) -> None:
     quick = load_config("params.yaml", overrides)  # the quick overrides themselves are valid
     check_names(cfg.strategies)
     check_tracking_uri(tracking_uri())  # before minutes of fetching and training, not after
-    started = time.monotonic()
-    # Loaded before the first worker is forked, so that every worker inherits them: the
-    # stages' code, torch, and the MLflow client, store and model logging that the writers
-    # and the publish step use.
+    # one quickstart at a time in the project (issue 50): refused before seconds of imports
+    with holding("quickstart", "the quickstart (python -m pipeline.quickstart)"):
+        started = time.monotonic()
+        took = run_steps(stages(cfg.strategies, quick.mlflow.log_model), overrides)
+    print(
+        f"quickstart: done in {time.monotonic() - started:.0f} s ({', '.join(took)} s): "
+        "reports/index.html; the runs side by side in MLflow: the link above (`make ui` "
+        "serves the embedded store)",
+        flush=True,
+    )
+
+
+def stages(strategies: list[str], log_model: bool) -> list[tuple[list[str], Stage]]:
+    """The stages in order, each its command and its main. Loaded before the first worker is
+    forked, so that every worker inherits them: the stages' code, torch, and the MLflow
+    client, store and model logging that the writers and the publish step use."""
     import mlflow.entities  # noqa: F401
 
     from pipeline import compare, fetch, publish, train
     from pipeline.tracking import preload
 
     preload.client_code(tracking_uri())
-    if quick.mlflow.log_model:
+    if log_model:
         preload.final_model_code()
-
-    steps: list[tuple[list[str], Stage]] = [
+    return [
         (["pipeline.fetch"], fetch.main),
-        *((["pipeline.train", name], train.main) for name in cfg.strategies),
+        *((["pipeline.train", name], train.main) for name in strategies),
         (["pipeline.compare"], compare.main),
         (["pipeline.publish"], publish.main),
     ]
+
+
+def run_steps(steps: list[tuple[list[str], Stage]], overrides: list[str]) -> list[str]:
+    """Each stage in turn, as its command would run it; each one's seconds, in words. A
+    stage's user error or stop ends the quickstart with its exit code (it said why)."""
     print(f"quickstart: every stage with {' '.join(overrides)}", flush=True)
     took = []
     for command, stage in steps:
@@ -73,12 +90,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             raise UserError(
                 f"python -m {' '.join(command)} failed (exit {code}); its output above says why"
             )
-    print(
-        f"quickstart: done in {time.monotonic() - started:.0f} s ({', '.join(took)} s): "
-        "reports/index.html; the runs side by side in MLflow: the link above (`make ui` "
-        "serves the embedded store)",
-        flush=True,
-    )
+    return took
 
 
 if __name__ == "__main__":

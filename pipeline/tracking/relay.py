@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple, Optional
 
+from pipeline.locks import store_creation
 from pipeline.results import EpochRow
 from pipeline.timeline import PUBLISHER_CPU, mark
 from pipeline.tracking.mlflow_run import Tracker, read_record
@@ -250,8 +251,8 @@ def publisher_main(events: Path, record_path: Path, parent: int, store: StoreTur
         while not store.go.wait(POLL_S) and not events.stat().st_size:
             if os.getppid() != parent:
                 return
-        with contextlib.suppress(Exception):  # an outage: the first push reports it
-            experiment_id(client(), store.experiment)
+        with contextlib.suppress(Exception), store_creation(tracking_uri()):
+            experiment_id(client(), store.experiment)  # an outage: the first push reports it
         store.ready.set()
         publish_events(events, Replay(record_path, stop), parent)
     finally:

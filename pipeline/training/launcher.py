@@ -42,6 +42,7 @@ from pipeline.errors import (
     UserError,
     first_line,
 )
+from pipeline.locks import holding
 from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_record
 from pipeline.timeline import mark
 from pipeline.tracking.kept_runs import publish_strategy
@@ -114,82 +115,99 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
     nproc = spec.strategy.nproc(spec.options, plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
     check_job(spec.facts, topology, nproc, plan)
-    for directory in (RESULTS / name, CHECKPOINTS / name):
-        check_writable(directory)
-    check_kept_files(name)
-    plan.drawing_from(train_samples(spec.data.limit_train))  # the data is there, and holds a batch
-    # what the workers train with: all but the dist.* overrides, which only shape the launch
-    worker_cfg = load_config("params.yaml", worker_overrides(overrides))
-    settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)
-    where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
-    if topology.multi_node:
-        where += (
-            f", this node of {topology.nnodes} (c10d rendezvous {topology.rdzv_id} at "
-            f"{topology.endpoint})"
-        )
-    print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
-        workers_environment(gpus, nproc, Path(tmp), publisher.events) as files,
-    ):
-        forks = workers_can_fork(gpus, cuda_driver_initialised())
-        start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
-        if start == "fork":
-            prepare_forks()
-            warm_up()
-        mark("agent")  # validated, torch and the project imported
-        if gpus:  # the machine's cold start, outside every epoch (machine_warmup.py)
-            warmed = warm_once(WARMUP_MARKERS, [Path(torch.__file__).parents[1]])
-            if warmed is not None:
+    # one run of this stage at a time in the project (issue 50), from here to its exit
+    with one_run_at_a_time(name, topology.multi_node):
+        for directory in (RESULTS / name, CHECKPOINTS / name):
+            check_writable(directory)
+        check_kept_files(name)
+        # the data is there, and holds a batch
+        plan.drawing_from(train_samples(spec.data.limit_train))
+        # what the workers train with: all but the dist.* overrides, which only shape the launch
+        worker_cfg = load_config("params.yaml", worker_overrides(overrides))
+        settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)
+        where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+        if topology.multi_node:
+            where += (
+                f", this node of {topology.nnodes} (c10d rendezvous {topology.rdzv_id} at "
+                f"{topology.endpoint})"
+            )
+        print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
+        with (
+            tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
+            workers_environment(gpus, nproc, Path(tmp), publisher.events) as files,
+        ):
+            forks = workers_can_fork(gpus, cuda_driver_initialised())
+            start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
+            if start == "fork":
+                prepare_forks()
+                warm_up()
+            mark("agent")  # validated, torch and the project imported
+            if gpus:  # the machine's cold start, outside every epoch (machine_warmup.py)
+                warmed = warm_once(WARMUP_MARKERS, [Path(torch.__file__).parents[1]])
+                if warmed is not None:
+                    print(
+                        f"launch[{name}]: first CUDA stage since this machine booted: read "
+                        f"{warmed.files} CUDA libraries ({warmed.mib:.0f} MiB) into the page cache "
+                        f"in {warmed.seconds:.1f} s, before any epoch",
+                        flush=True,
+                    )
+            mark("machine warmed")
+            # the MLflow store made before the workers start, not beside their first epochs
+            if not publisher.make_store():
                 print(
-                    f"launch[{name}]: first CUDA stage since this machine booted: read "
-                    f"{warmed.files} CUDA libraries ({warmed.mib:.0f} MiB) into the page cache "
-                    f"in {warmed.seconds:.1f} s, before any epoch",
+                    f"warning: the MLflow store at {tracking_uri()} was not ready in "
+                    f"{STORE_READY_WAIT_S:.0f} s; training starts beside its making",
+                    file=sys.stderr,
                     flush=True,
                 )
-        mark("machine warmed")
-        # the MLflow store made before the workers start, not beside their first epochs
-        if not publisher.make_store():
-            print(
-                f"warning: the MLflow store at {tracking_uri()} was not ready in "
-                f"{STORE_READY_WAIT_S:.0f} s; training starts beside its making",
-                file=sys.stderr,
-                flush=True,
+            mark("MLflow store ready")
+            code, signalled, failure = run_agent(
+                launch_config(settings, start, len(gpus)), (name, worker_cfg)
             )
-        mark("MLflow store ready")
-        code, signalled, failure = run_agent(
-            launch_config(settings, start, len(gpus)), (name, worker_cfg)
-        )
-        mark("workers ended")
-        problem = publisher.finish()
-        if problem is not None:
-            print(
-                f"warning: MLflow run of {name} not pushed: {problem}; kept locally: run "
-                "`python -m pipeline.publish`",
-                file=sys.stderr,
-                flush=True,
-            )
-        mark("published")
-        user_error = files.error.read_text().strip() if files.error.exists() else ""
-        outcome = read_outcome(files.outcome)
-    exit_code = stage_exit(code, signalled, outcome, bool(user_error))
-    if exit_code not in (0, STOPPED_EXIT):
-        # a stop someone asked for that came before a checkpoint, or a failure (the agent also
-        # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
-        status = KILLED if signalled else FAILED
-        settle_run(name, status, user_error=bool(user_error))
-    if user_error:
-        print(f"error: {user_error}", file=sys.stderr, flush=True)
-    elif failure:
-        print(f"launch[{name}]: {failure}", file=sys.stderr, flush=True)
-    if not user_error and exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
-        found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
-        at = (found[0].epoch, found[0].step) if found else None
-        if topology.multi_node:
-            print(f"error: {lost_node_hint(name, code, topology, at)}", file=sys.stderr, flush=True)
-        else:
-            print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
-    return exit_code
+            mark("workers ended")
+            problem = publisher.finish()
+            if problem is not None:
+                print(
+                    f"warning: MLflow run of {name} not pushed: {problem}; kept locally: run "
+                    "`python -m pipeline.publish`",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            mark("published")
+            user_error = files.error.read_text().strip() if files.error.exists() else ""
+            outcome = read_outcome(files.outcome)
+        exit_code = stage_exit(code, signalled, outcome, bool(user_error))
+        if exit_code not in (0, STOPPED_EXIT):
+            # a stop someone asked for that came before a checkpoint, or a failure (the agent also
+            # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
+            status = KILLED if signalled else FAILED
+            settle_run(name, status, user_error=bool(user_error))
+        if user_error:
+            print(f"error: {user_error}", file=sys.stderr, flush=True)
+        elif failure:
+            print(f"launch[{name}]: {failure}", file=sys.stderr, flush=True)
+        if not user_error and exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
+            found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
+            at = (found[0].epoch, found[0].step) if found else None
+            if topology.multi_node:
+                hint = lost_node_hint(name, code, topology, at)
+                print(f"error: {hint}", file=sys.stderr, flush=True)
+            else:
+                print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
+        return exit_code
+
+
+@contextmanager
+def one_run_at_a_time(name: str, multi_node: bool) -> Iterator[None]:
+    """The strategy's stage lock (pipeline/locks.py) while the block runs: a second start of
+    the stage in this project is refused at once, naming this one. Not for a job of several
+    nodes, whose launchers run the same stage in the same directory where it is shared: its
+    rendezvous (dist.rdzv_id) keeps one job's nodes together and another job's apart."""
+    if multi_node:
+        yield
+        return
+    with holding(f"train-{name}", f"train[{name}]"):
+        yield
 
 
 class WorkerFiles(NamedTuple):

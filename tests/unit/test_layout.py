@@ -297,7 +297,7 @@ def test_every_command_has_help(command):
 LAYERS = [
     {"config"},
     {"errors"},
-    {"context", "batch_plan", "memory", "files", "results", "timeline"},
+    {"context", "batch_plan", "memory", "files", "locks", "results", "timeline"},
     {"data"},
     {"strategies"},
     {"tracking"},
