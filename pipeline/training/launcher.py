@@ -60,6 +60,7 @@ from pipeline.training.machine_warmup import warm_once
 from pipeline.training.run_spec import resolve_run
 from pipeline.training.topology import (
     check_job,
+    check_rendezvous_port,
     launch_settings,
     lost_node_hint,
     resolve_topology,
@@ -115,6 +116,7 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
     nproc = spec.strategy.nproc(spec.options, plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
     check_job(spec.facts, topology, nproc, plan)
+    check_rendezvous_port(topology)
     # one run of this stage at a time in the project (issue 50), from here to its exit
     with one_run_at_a_time(name, topology.multi_node):
         for directory in (RESULTS / name, CHECKPOINTS / name):

@@ -18,6 +18,8 @@ The PET_ names are torchrun's own environment defaults, which Kubeflow Trainer s
 
 from __future__ import annotations
 
+import errno
+import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ class Topology:
     rdzv_id: str
     join_timeout_s: int
     source: str = "dist.nnodes"  # where the node count came from, for messages
+    endpoint_source: str = "dist.rdzv_endpoint"  # where the endpoint came from, likewise
 
     @property
     def multi_node(self) -> bool:
@@ -132,9 +135,34 @@ def resolve_topology(dist: Any, env: Mapping[str, str], strategy: str) -> Topolo
         raise UserError(
             f"dist.node_rank: got {node_rank}, expected 0..{hi - 1} for {source} = {nnodes}"
         )
-    return Topology(
-        lo, hi, node_rank, parse_endpoint(endpoint, ep_source), rdzv_id, dist.join_timeout_s, source
-    )
+    endpoint = parse_endpoint(endpoint, ep_source)
+    return Topology(lo, hi, node_rank, endpoint, rdzv_id, dist.join_timeout_s, source, ep_source)
+
+
+def check_rendezvous_port(topology: Topology) -> None:
+    """The node that hosts a job's rendezvous (node_rank 0: the agent then hosts its TCP
+    store, `launch_settings`) finds the endpoint's port free, or says so in one line naming
+    the key it came from (issue 50): in use, the store could not listen and the stage ended
+    in torch's "The connection to the C10d store has failed" after its start-up. Nodes that
+    join (another node_rank, or none: torch then decides by the endpoint's address) connect
+    to the port instead, and need it taken."""
+    if not topology.multi_node or topology.node_rank != 0 or topology.endpoint is None:
+        return
+    port = int(topology.endpoint.rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # as the store's own socket: a port left in TIME_WAIT by the last job is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                return  # not ours to judge: the store says what it finds
+            raise UserError(
+                f"{topology.endpoint_source}: port {port} is already in use on this node "
+                "(another job's rendezvous, or another program), and this node (node rank 0) "
+                f"hosts the rendezvous there; expected a free port: name another in "
+                f"{topology.endpoint_source}, or stop what listens on {port}"
+            ) from None
 
 
 def check_job(facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: BatchPlan) -> None:

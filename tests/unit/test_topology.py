@@ -235,3 +235,28 @@ def test_one_node_rendezvous_hosts_a_store_each_round_apart():
     assert handler.is_closed()
     with pytest.raises(RendezvousClosedError):
         handler.next_rendezvous()
+
+
+def test_the_hosting_node_finds_its_rendezvous_port_in_use_and_says_which_key():
+    """Issue 50: node rank 0 hosts the rendezvous' store; a port something else listens on
+    is one line naming the port and where it came from, before any worker starts."""
+    import socket
+
+    from pipeline.training.topology import check_rendezvous_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+        env["MASTER_PORT"] = str(port)
+        topology = resolve_topology(DistConfig(), env, "ddp")
+        with pytest.raises(UserError) as refused:
+            check_rendezvous_port(topology)
+        assert str(refused.value).startswith(
+            f"MASTER_ADDR+MASTER_PORT: port {port} is already in use on this node"
+        )
+        joining = resolve_topology(DistConfig(), {**env, "NODE_RANK": "1"}, "ddp")
+        check_rendezvous_port(joining)  # a node that joins connects to it: nothing to say
+    check_rendezvous_port(topology)  # free again
+    check_rendezvous_port(resolve_topology(DistConfig(), {}, "ddp"))  # one node: its own port
