@@ -80,8 +80,9 @@ def table(result: dict) -> str:
     for tree, by_order in result["median"].items():
         for order, m in by_order.items():
             floor = m["throughput_floor"]
+            name = tree if tree == "this" else f"({tree})"  # another checkout's, as in tables.py
             lines.append(
-                f"| {tree} | {order} | {m['single']:.0f} | {m['dp']:.0f} | "
+                f"| {name} | {order} | {m['single']:.0f} | {m['dp']:.0f} | "
                 f"{m['balanced_dp']:.0f} | {'none' if floor is None else f'{floor:.1%}'} | "
                 f"{result['agreement'][tree]} |"
             )

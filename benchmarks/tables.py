@@ -325,19 +325,18 @@ def suite_cpu_block(path: Path) -> list[str]:
 # ---- benchmarks/sync_bn.py and stop_time.py: rows taking turns, another tree beside them
 
 
-def turns_block(path: Path, stage: str, timed_by: str, render: Callable[[dict], str]) -> list[str]:
-    """The caption and table of a benchmark whose rows took turns (benchmarks.e2e.taking_turns):
-    each row a whole `stage` command, `timed_by` what its figure is."""
+def turns_block(path: Path, each: str, render: Callable[[dict], str]) -> list[str]:
+    """The caption and table of a benchmark whose rows took turns (benchmarks.e2e.taking_turns),
+    `each` saying what each row ran and what its figure is."""
     result = json.loads(path.read_text())
     info, load, settings = result["info"], result["load_average"], result["settings"]
     others = [name for name in settings["trees"] if name != "this"]
     return [
         paragraph(
             f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
-            f"{info['torch']}; medians of {settings['runs']} rounds, the rows taking turns, "
-            f"each a whole `python -m pipeline.train {stage} {' '.join(settings['job'])}` "
-            f"(2 gloo processes){timed_by}; 1-minute load average {load['before'][0]:.1f} "
-            f"before, {load['after'][0]:.1f} after."
+            f"{info['torch']}; {settings['runs']} rounds, the rows taking turns, each {each}; "
+            f"1-minute load average {load['before'][0]:.1f} before, {load['after'][0]:.1f} "
+            "after."
             + "".join(
                 f" Rows marked ({name}) ran from another checkout (`--tree`)." for name in others
             )
@@ -347,42 +346,40 @@ def turns_block(path: Path, stage: str, timed_by: str, render: Callable[[dict], 
     ]
 
 
+def stage_turns(path: Path, stage: str, timed_by: str) -> str:
+    """What each row of sync_bn.py and stop_time.py is: a whole 2-process train stage."""
+    job = " ".join(json.loads(path.read_text())["settings"]["job"])
+    return (
+        f"a whole `python -m pipeline.train {stage} {job}` (2 gloo processes){timed_by}; the "
+        "medians of the rounds"
+    )
+
+
 def sync_bn_block(path: Path) -> list[str]:
     from benchmarks.sync_bn import table as sync_bn_table
 
-    timed_by = ", timed by its steady epoch (metrics.json)"
-    return turns_block(path, "STRATEGY", timed_by, sync_bn_table)
+    each = stage_turns(path, "STRATEGY", ", timed by its steady epoch (metrics.json)")
+    return turns_block(path, each, sync_bn_table)
 
 
 def stop_time_block(path: Path) -> list[str]:
     from benchmarks.stop_time import table as stop_time_table
 
     timed_by = " brought to its point by a fault, timed from the fault's line to the stage's exit"
-    return turns_block(path, "ddp", timed_by, stop_time_table)
+    return turns_block(path, stage_turns(path, "ddp", timed_by), stop_time_table)
 
 
 def fair_race_block(path: Path) -> list[str]:
     from benchmarks.fair_race import table as fair_race_table
 
-    result = json.loads(path.read_text())
-    info, load, settings = result["info"], result["load_average"], result["settings"]
-    others = [name for name in settings["trees"] if name != "this"]
-    return [
-        paragraph(
-            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
-            f"{info['torch']}; {settings['runs']} rounds, the rows taking turns, each a whole "
-            f"`python -m pipeline.quickstart` (params.yaml's quick: {', '.join(settings['quick'])})"
-            " on a new MLflow store, the strategies forward (single first) or reversed; medians "
-            "of the rounds' steady samples/s and speed floors; the orders agree when every "
-            "objective's picks share a strategy; 1-minute load average "
-            f"{load['before'][0]:.1f} before, {load['after'][0]:.1f} after."
-            + "".join(
-                f" Rows marked {name} ran from another checkout (`--tree`)." for name in others
-            )
-        ),
-        "",
-        fair_race_table(result),
-    ]
+    quick = ", ".join(json.loads(path.read_text())["settings"]["quick"])
+    each = (
+        f"a whole `python -m pipeline.quickstart` (params.yaml's quick: {quick}) on a new MLflow "
+        "store, the strategies forward (single first) or reversed; medians of the rounds' "
+        "steady samples/s and speed floors; the orders agree when every objective's picks "
+        "share a strategy"
+    )
+    return turns_block(path, each, fair_race_table)
 
 
 # ---- the blocks

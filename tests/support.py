@@ -474,6 +474,47 @@ def run_summary(
     )
 
 
+_EAGER = {"precision": "fp32", "channels_last": False, "compile": "off", "cuda_graphs": "none"}
+
+
+def finished_run(
+    name: str,
+    seconds: list[float],
+    devices: list[str] | None = None,
+    features: dict | None = None,
+    accuracy: list[float] | None = None,
+) -> tuple[Any, list[Any]]:
+    """A finished run's summary and history (6000 samples an epoch, fp32, eager, unless
+    `features` says otherwise): its epochs took `seconds` (the first a warm-up) and reached
+    `accuracy` (0.8 every epoch unless given)."""
+    from pipeline.results import EpochRow, RunSummary, speed_figures
+
+    devices = devices or ["cpu"]
+    accuracy = accuracy or [0.8] * len(seconds)
+    history, wall = [], 0.0
+    for epoch, (s, acc) in enumerate(zip(seconds, accuracy), 1):
+        wall += s
+        history.append(EpochRow(epoch, 1.0, 0.5, 1.0, acc, s, 6000 / s, wall, warmup=epoch == 1))
+    summary = RunSummary(
+        strategy=name,
+        world_size=1,
+        devices=devices,
+        batch_split=[256 // len(devices)] * len(devices),
+        epochs=len(seconds),
+        test_acc=accuracy[-1],
+        best_test_acc=max(accuracy),
+        test_loss=1.0,
+        train_loss=1.0,
+        epoch_seconds=seconds[-1],
+        samples_per_s=6000 / seconds[-1],
+        total_seconds=wall,
+        **speed_figures(history),
+        speed_features=dict(features or _EAGER),
+        memory={"memory_kind": "cpu", "peak_memory_mib": {"cpu0": 100.0}, "mem_imbalance": 1.0},
+    )
+    return summary, history
+
+
 def fresh_python(code: str) -> Any:
     """What `code`, run in a fresh interpreter of the checkout (no imports carried over from
     the test process), prints as JSON."""

@@ -5,10 +5,9 @@ sets runs with different speed options against each other says so."""
 from __future__ import annotations
 
 from pipeline.reporting import answer, table
-from pipeline.results import EpochRow, RunSummary, speed_figures
+from pipeline.results import EpochRow, RunSummary
+from support import finished_run
 
-SAMPLES = 6000  # per epoch
-EAGER = {"precision": "fp32", "channels_last": False, "compile": "off", "cuda_graphs": "none"}
 GRAPHED = {"precision": "bf16", "channels_last": True, "compile": "default", "cuda_graphs": "step"}
 
 
@@ -16,30 +15,8 @@ Run = tuple[RunSummary, list[EpochRow]]
 
 
 def run(name: str, seconds: list[float], features: dict | None = None) -> Run:
-    """A finished 1-device run whose epochs took `seconds` (the first a warm-up): its summary
-    and history."""
-    history, wall = [], 0.0
-    for epoch, s in enumerate(seconds, 1):
-        wall += s
-        history.append(EpochRow(epoch, 1.0, 0.5, 1.0, 0.8, s, SAMPLES / s, wall, warmup=epoch == 1))
-    summary = RunSummary(
-        strategy=name,
-        world_size=1,
-        devices=["cpu"],
-        batch_split=[256],
-        epochs=len(seconds),
-        test_acc=0.8,
-        best_test_acc=0.8,
-        test_loss=1.0,
-        train_loss=1.0,
-        epoch_seconds=seconds[-1],
-        samples_per_s=SAMPLES / seconds[-1],
-        total_seconds=wall,
-        **speed_figures(history),
-        speed_features=dict(features or EAGER),
-        memory={"memory_kind": "cpu", "peak_memory_mib": {"cpu0": 100.0}, "mem_imbalance": 1.0},
-    )
-    return summary, history
+    """A finished 1-device run whose epochs took `seconds` (the first a warm-up)."""
+    return finished_run(name, seconds, features=features)
 
 
 def rows_of(*runs: Run) -> list[dict]:

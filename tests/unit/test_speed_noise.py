@@ -10,46 +10,10 @@ import random
 import pytest
 
 from pipeline.reporting import answer, speed_noise, table
-from pipeline.results import EpochRow, RunSummary, speed_figures
+from support import finished_run as run
 
-SAMPLES = 6000
 EAGER = {"precision": "fp32", "channels_last": False, "compile": "off", "cuda_graphs": "none"}
 GPU_DEVICES = ["cuda:0", "cuda:1"]
-
-
-def run(
-    name: str,
-    seconds: list[float],
-    devices: list[str] | None = None,
-    features: dict | None = None,
-    accuracy: list[float] | None = None,
-) -> tuple[RunSummary, list[EpochRow]]:
-    """A finished run whose epochs took `seconds` (the first a warm-up), reaching `accuracy`
-    (every epoch 0.8 unless given)."""
-    devices = devices or ["cpu"]
-    accuracy = accuracy or [0.8] * len(seconds)
-    history, wall = [], 0.0
-    for epoch, (s, acc) in enumerate(zip(seconds, accuracy), 1):
-        wall += s
-        history.append(EpochRow(epoch, 1.0, 0.5, 1.0, acc, s, SAMPLES / s, wall, warmup=epoch == 1))
-    summary = RunSummary(
-        strategy=name,
-        world_size=1,
-        devices=devices,
-        batch_split=[256 // len(devices)] * len(devices),
-        epochs=len(seconds),
-        test_acc=accuracy[-1],
-        best_test_acc=max(accuracy),
-        test_loss=1.0,
-        train_loss=1.0,
-        epoch_seconds=seconds[-1],
-        samples_per_s=SAMPLES / seconds[-1],
-        total_seconds=wall,
-        **speed_figures(history),
-        speed_features=dict(features or EAGER),
-        memory={"memory_kind": "cpu", "peak_memory_mib": {"cpu0": 100.0}, "mem_imbalance": 1.0},
-    )
-    return summary, history
 
 
 def rows_of(*runs, target: float | None = None) -> list[dict]:
