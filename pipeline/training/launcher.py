@@ -144,25 +144,7 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
                 prepare_forks()
                 warm_up()
             mark("agent")  # validated, torch and the project imported
-            if gpus:  # the machine's cold start, outside every epoch (machine_warmup.py)
-                warmed = warm_once(WARMUP_MARKERS, [Path(torch.__file__).parents[1]])
-                if warmed is not None:
-                    print(
-                        f"launch[{name}]: first CUDA stage since this machine booted: read "
-                        f"{warmed.files} CUDA libraries ({warmed.mib:.0f} MiB) into the page cache "
-                        f"in {warmed.seconds:.1f} s, before any epoch",
-                        flush=True,
-                    )
-            mark("machine warmed")
-            # the MLflow store made before the workers start, not beside their first epochs
-            if not publisher.make_store():
-                print(
-                    f"warning: the MLflow store at {tracking_uri()} was not ready in "
-                    f"{STORE_READY_WAIT_S:.0f} s; training starts beside its making",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            mark("MLflow store ready")
+            before_the_workers(name, gpus, publisher)
             code, signalled, failure = run_agent(
                 launch_config(settings, start, len(gpus)), (name, worker_cfg)
             )
@@ -197,6 +179,30 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
             else:
                 print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
         return exit_code
+
+
+def before_the_workers(name: str, gpus: list[str], publisher: Publisher) -> None:
+    """What no strategy's epochs may pay (issue 51), paid before the workers start and marked
+    in the stage's timeline: the machine's cold start on a GPU (once per boot:
+    machine_warmup.py) and the MLflow store's making (the publisher's, at once)."""
+    if gpus:
+        warmed = warm_once(WARMUP_MARKERS, [Path(torch.__file__).parents[1]])
+        if warmed is not None:
+            print(
+                f"launch[{name}]: first CUDA stage since this machine booted: read "
+                f"{warmed.files} CUDA libraries ({warmed.mib:.0f} MiB) into the page cache in "
+                f"{warmed.seconds:.1f} s, before any epoch",
+                flush=True,
+            )
+    mark("machine warmed")
+    if not publisher.make_store():
+        print(
+            f"warning: the MLflow store at {tracking_uri()} was not ready in "
+            f"{STORE_READY_WAIT_S:.0f} s; training starts beside its making",
+            file=sys.stderr,
+            flush=True,
+        )
+    mark("MLflow store ready")
 
 
 @contextmanager
