@@ -1,4 +1,4 @@
-"""One run of a stage at a time in a project, and one creator of an MLflow store (issue 50).
+"""One run of a stage at a time in a project (issue 50), and the kernel's locks that make it.
 
 A stage started a second time while the first still ran used to run beside it: two MLflow runs
 for one strategy, two writers in one checkpoint directory. Each command that writes a
@@ -75,16 +75,9 @@ def holding(name: str, what: str, locks: Path = LOCKS) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def store_creation(uri: str) -> Iterator[None]:
-    """While the block runs, no other process of this machine creates the SQLite store at
-    `uri`: two stages that start together on a new store (DVC's queue workers) would both run
-    its migrations ("Online migration expected to match one row"). It waits for the other,
-    which takes about a second. Other stores guard themselves (a server, a database)."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    database = Path(uri.removeprefix("sqlite:///").partition("?")[0])
-    fd = os.open(database.with_name(database.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+def waiting_for(path: Path) -> Iterator[None]:
+    """Hold the lock on `path` while the block runs, waiting for whoever holds it first."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -38,12 +38,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple, Optional
 
-from pipeline.locks import store_creation
 from pipeline.results import EpochRow
 from pipeline.timeline import PUBLISHER_CPU, mark
 from pipeline.tracking.mlflow_run import Tracker, read_record
 from pipeline.tracking.preload import client_code
-from pipeline.tracking.store import client, experiment_id, tracking_uri
+from pipeline.tracking.store import client, experiment_id, store_creation, tracking_uri
 
 EVENTS_ENV = "PARALLEL_LAB_RUN_EVENTS"  # the file a worker's writer appends the run's events to
 POLL_S = 0.05  # how often the publisher looks for new events: well under an epoch

@@ -3,13 +3,16 @@ the repository root) and what MLflow accepts there."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import ParseResult, quote, urlparse
 
 from pipeline.errors import UserError
+from pipeline.locks import waiting_for
 
 # Fail fast while the server is away (MLflow's default retries for minutes): training retries
 # at the next epoch instead, and a stage never waits on the network for long.
@@ -71,13 +74,30 @@ def check_tracking_uri(uri: str) -> None:
         raise UserError(f"MLFLOW_TRACKING_URI: got {uri!r}, expected file:/path/to/mlruns")
 
 
+def sqlite_database(uri: str) -> str:
+    """The database file of a sqlite:/// URI, as written ("" for any other URI)."""
+    return uri.removeprefix("sqlite:///").partition("?")[0] if uri.startswith("sqlite:///") else ""
+
+
+@contextlib.contextmanager
+def store_creation(uri: str) -> Iterator[None]:
+    """While the block runs, no other process of this machine creates the SQLite store at
+    `uri` (a lock file beside it): two stages that start together on a new store (DVC's queue
+    workers) would both run its migrations, and one of them fail ("duplicate column name").
+    It waits for the other, which takes about a second. Other stores guard themselves."""
+    database = sqlite_database(uri)
+    if not database:
+        yield
+        return
+    with waiting_for(Path(database + ".lock")):
+        yield
+
+
 def _check_sqlite(uri: str) -> None:
     """sqlite:///relative/mlflow.db or sqlite:////absolute/mlflow.db, in a directory that
     exists: SQLite creates the file, never its directory, and a URI it cannot open would
     otherwise look like a store that is down, warned about every epoch."""
-    database = (
-        uri.removeprefix("sqlite:///").partition("?")[0] if uri.startswith("sqlite:///") else ""
-    )
+    database = sqlite_database(uri)
     if not database or database.endswith("/"):
         raise UserError(
             f"MLFLOW_TRACKING_URI: got {uri!r}, expected sqlite:///path/mlflow.db (three "

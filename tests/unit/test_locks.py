@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.locks import holding, lock_path, refusal, store_creation
+from pipeline.locks import holding, lock_path, refusal
+from pipeline.tracking.store import store_creation
 
 FORK = multiprocessing.get_context("fork")
 
