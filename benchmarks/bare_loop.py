@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import load_tensors
-from pipeline.training.model import build_model
+from pipeline.resnet import build_model
 
 
 def job_parser(doc: str) -> argparse.ArgumentParser:

@@ -57,13 +57,13 @@ from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.data.loaders import torchvision_root
+from pipeline.interrupts.stop import StopRequest
+from pipeline.numerics.build import build_training
+from pipeline.numerics.precision import build_precision, configure_backends, cpu_has_native_bf16
+from pipeline.resnet import build_model
 from pipeline.results import EpochRow
-from pipeline.training.build import build_training
+from pipeline.run_spec import resolve_run
 from pipeline.training.loop import Trainer, train_epoch, wait_for_device
-from pipeline.training.model import build_model
-from pipeline.training.precision import build_precision, configure_backends, cpu_has_native_bf16
-from pipeline.training.run_spec import resolve_run
-from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from torch import nn
 
 from pipeline.data.device_data import epoch_permutation, normalize
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
-from pipeline.training.model import build_model
+from pipeline.resnet import build_model
 
 
 def split_forward(

@@ -65,18 +65,18 @@ from torch import nn
 
 from benchmarks.bench import flops_per_image, machine, peak
 from benchmarks.e2e import project_copy, project_path
+from pipeline.checkpoints.identity import PER_WORLD_SIZE
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import DATA_DIR, FILES, load_tensors
 from pipeline.data.synthetic import write_synthetic
+from pipeline.numerics.precision import auto_choice, gpu_capability
 from pipeline.reporting.speed_noise import relative_spread
+from pipeline.resnet import build_model
 from pipeline.results import NOT_SEPARABLE
 from pipeline.strategies import NAMES
 from pipeline.strategies.balanced_dp import BalancedDataParallel
 from pipeline.strategies.replica_autocast import AutocastDataParallel
-from pipeline.training.final_model import plain_model
-from pipeline.training.identity import PER_WORLD_SIZE
-from pipeline.training.model import build_model
-from pipeline.training.precision import auto_choice, gpu_capability
+from pipeline.tracking.final_model import plain_model
 
 REPO = Path(__file__).resolve().parents[1]
 HARDWARE_FIELDS = ("devices", "kind", "count", "precision", "torch", "cuda")

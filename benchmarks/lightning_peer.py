@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.bare_loop import job_parser
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import load_tensors
-from pipeline.training.model import build_model
+from pipeline.resnet import build_model
 
 
 class Classifier(L.LightningModule):

@@ -3,7 +3,7 @@
     python -m benchmarks.profile_step --set train.precision=bf16 train.compile=true
     python -m benchmarks.profile_step --strategy ddp --steps 30 --trace $OUT/ddp.json
 
-Builds the strategy exactly as the train stage does (pipeline.training.build.build_training, world
+Builds the strategy exactly as the train stage does (pipeline.numerics.build.build_training, world
 size 1 for ddp/fsdp), trains --warmup steps untimed (compilation, cuDNN autotuning), then
 times --steps steps with the device synchronised only at the end, and profiles them. It
 prints the wall time per step, the device's busy time per step (sum of kernel times: when it
@@ -26,10 +26,10 @@ from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
-from pipeline.training.build import build_training
+from pipeline.interrupts.stop import StopRequest
+from pipeline.numerics.build import build_training
+from pipeline.run_spec import resolve_run
 from pipeline.training.loop import Trainer, train_epoch, wait_for_device
-from pipeline.training.run_spec import resolve_run
-from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
 

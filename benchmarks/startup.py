@@ -40,9 +40,9 @@ from benchmarks.bench import machine, write_result
 from benchmarks.e2e import project_copy, torch_device
 from benchmarks.peer import marked
 from pipeline.data.synthetic import write_synthetic
+from pipeline.launch.launcher import START_METHOD_ENV
 from pipeline.timeline import ENV as TIMELINE_ENV
 from pipeline.timeline import PUBLISHER_CPU
-from pipeline.training.launcher import START_METHOD_ENV
 
 TINY = [
     "model.width=8",

@@ -5,7 +5,7 @@ step.
     python -m benchmarks.stop_time --tree ../old      # the same rows from another checkout too
 
 Each row is a 2-process ddp stage on synthetic Fashion-MNIST-shaped images in a throw-away
-project copy, which a fault (pipeline/training/faults.py) brings to a known point:
+project copy, which a fault (pipeline/interrupts/faults.py) brings to a known point:
 
 - SIGTERM mid-epoch: rank 0 holds before step 2 of epoch 2; the benchmark sends SIGTERM to
   the stage's process group (as Ctrl-C or a container's stop does); the ranks checkpoint and

@@ -40,7 +40,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 def final_models() -> Callable[[Path], ModelSource]:
     """results/<strategy>/ -> its final model, as the report logs it in MLflow; the code
     (torch's, 1.3 s on 2 CPU cores) loaded only where the models are logged."""
-    from pipeline.training.final_model import model_source
+    from pipeline.tracking.final_model import model_source
 
     return model_source
 

@@ -33,7 +33,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     check_tracking_uri(tracking_uri())
     # Imported once the command line is read: it loads torch (checkpoint records), which
     # --help and bad input need not wait for.
-    from pipeline.training.final_model import model_source
+    from pipeline.tracking.final_model import model_source
 
     model_of = model_source if cfg.mlflow.log_model else None
     with contextlib.ExitStack() as held:

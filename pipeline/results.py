@@ -9,7 +9,7 @@ results/<strategy>/ (DVC outputs):
                   run's identity; what reporting and MLflow read (`read_summary`)
     history.csv   one `EpochRow` per epoch (DVC plots)
     config.yaml   the resolved configuration the run used
-checkpoints/<strategy>/ (the run's state; training/checkpoint.py):
+checkpoints/<strategy>/ (the run's state; checkpoints/checkpoint.py):
     latest.json   the commit record of the last checkpoint, with the epochs so far
     run.json      the MLflow run: its store, id, params, tags and status (tracking/)
 
@@ -136,7 +136,7 @@ class RunSummary:
     # steps; the same of evaluation prefixed "eval_" (eval_peak_memory_mib, ...)
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    # The run's identity (pipeline/training/identity.py). Its MLflow run is found through it:
+    # The run's identity (pipeline/checkpoints/identity.py). Its MLflow run is found through it:
     # checkpoints/<strategy>/run.json maps it to the store and run id that hold it now, and
     # the run carries it as the tag `parallel_lab_fingerprint`.
     fingerprint: Optional[str] = None

@@ -45,7 +45,7 @@ def under_torchrun(env: Mapping[str, str]) -> bool:
 def strategy_config(cfg: Config, strategy: str) -> str:
     """The resolved params `strategy` trains with, as YAML: every key, the other strategies'
     sections left out (its stage depends on none of them); results/<strategy>/config.yaml
-    holds the same (pipeline/training/run_spec.py)."""
+    holds the same (pipeline/run_spec.py)."""
     own = own_params(yaml.safe_load(to_yaml(cfg)), strategy)
     text: str = yaml.safe_dump(own, sort_keys=False)  # PyYAML is untyped here
     return text
@@ -58,7 +58,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
     if under_torchrun(os.environ):
-        from pipeline.training import worker
+        from pipeline.launch import worker
 
         worker.main(args.strategy, args.overrides)
         return
@@ -73,7 +73,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     record = CHECKPOINTS / args.strategy / RUN_RECORD
     bound_s = cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S
     with Publisher(record, bound_s, cfg.mlflow.experiment) as publisher:
-        from pipeline.training import launcher
+        from pipeline.launch import launcher
 
         code = launcher.launch(args.strategy, cfg, args.overrides, publisher)
     sys.exit(code)

@@ -47,7 +47,7 @@ def run_if(*, min_gpus: int) -> pytest.MarkDecorator:
     and elsewhere skips saying what is missing, so `make test` on a GPU host runs the CUDA
     tests too. GPUs are counted as the launcher counts them (NVML: no CUDA is initialised in
     the test process, which may later fork)."""
-    from pipeline.training.devices import visible_gpu_count
+    from pipeline.launch.devices import visible_gpu_count
 
     found = visible_gpu_count()
     return pytest.mark.skipif(
@@ -275,7 +275,7 @@ LEFT_THREADS = "outlived the process group"
 
 def assert_torn_down(output: str) -> None:
     """Every worker of every run a test starts exits in order: no process group's thread
-    outlives the group (pipeline/training/worker.py `exit_cleanly`)."""
+    outlives the group (pipeline/launch/worker.py `exit_cleanly`)."""
     assert LEFT_THREADS not in output, output[-4000:]
 
 
@@ -439,7 +439,7 @@ def strategy_nproc(spec: Any, cfg: Any, n_gpus: int) -> int:
 def parallelize(spec: Any, model: Any, cfg: Any, ctx: Any) -> Any:
     """A strategy's SPEC.parallelize as build_training calls it (the run's precision's
     autocast)."""
-    from pipeline.training.precision import build_precision
+    from pipeline.numerics.precision import build_precision
 
     world = ctx.world_size if spec.facts.data_parallel else 1
     autocast = build_precision(cfg.train.precision, ctx.device).autocast

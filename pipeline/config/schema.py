@@ -97,7 +97,7 @@ class TrainConfig:
     precision: str = field(
         default="auto", metadata={"choices": ("auto", "fp32", "fp64", "tf32", "bf16", "fp16")}
     )
-    """Arithmetic (pipeline/training/precision.py): fp32; fp64 for exact cross-strategy
+    """Arithmetic (pipeline/numerics/precision.py): fp32; fp64 for exact cross-strategy
     comparisons (parity tests; fp32 training of this network is chaotic enough that 1e-7
     differences grow to 1e-2); tf32 (CUDA tensor cores); bf16 autocast; fp16 autocast + loss
     scaling (CUDA). Modes the device lacks fall back to fp32 with a note. auto: bf16 on a GPU
@@ -122,14 +122,14 @@ class TrainConfig:
     cuda_graph: str = field(default="none", metadata={"choices": ("none", "step")})
     """none | step: capture the whole training step (forward, loss, backward, optimizer step)
     as one CUDA graph after 11 eager steps, then replay it every step
-    (pipeline/training/graphed_step.py). Applies on a GPU, in a one-process job on one device
+    (pipeline/numerics/graphed_step.py). Applies on a GPU, in a one-process job on one device
     (single; dp and balanced_dp on one GPU; ddp at world size 1), without gradient
     accumulation or fp16's loss scaler, in fp32, tf32 or bf16; elsewhere the run trains eagerly
     and its notes say why. Replaces compile's own CUDA graphs (reduce-overhead compiles in the
     default mode under it). Unmeasured on a GPU so far (docs/performance.md)."""
     lr_schedule: str = field(default="none", metadata={"choices": ("none", "cosine", "onecycle")})
     """none | cosine (linear warm-up, cosine decay to 0) | onecycle (OneCycleLR's shape), per
-    optimizer step; the peak is the effective lr (pipeline/training/optim.py)."""
+    optimizer step; the peak is the effective lr (pipeline/numerics/optim.py)."""
     warmup_epochs: float = field(default=1.0, metadata=_min(0.0))
     """Epochs (may be fractional) of warm-up to the peak lr (cosine, onecycle)."""
     label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "max_exclusive": 1.0})
@@ -225,7 +225,7 @@ class CheckpointConfig:
 @dataclass
 class DistConfig:
     """`dist`: how the train stage is launched, on one node or several
-    (pipeline/training/topology.py). Launch settings: they never change what is computed,
+    (pipeline/launch/topology.py). Launch settings: they never change what is computed,
     and the environment wins over them (NNODES, as N or MIN:MAX; NODE_RANK; RDZV_ENDPOINT or
     MASTER_ADDR + MASTER_PORT; RDZV_ID; also with torchrun's PET_ prefix), so one
     params.yaml serves every node."""

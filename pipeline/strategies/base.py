@@ -15,7 +15,7 @@ with `SPEC = StrategySpec(FACTS, nproc, parallelize)`, where
         strategy cannot run as asked
     def parallelize(model, options: Options, plan: BatchPlan, ctx: DistContext, autocast) -> Run
         applies the parallelism to the plain model (the six blocks of
-        pipeline.training.model.resnet18), already on ctx.device; `plan` is the batch over
+        pipeline.resnet.resnet18), already on ctx.device; `plan` is the batch over
         this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory).
         A setting the run decides once at its start (`auto`) is left to its `tuned`, which
         pipeline/training/tuning.py settles before the first step
@@ -56,7 +56,7 @@ class StrategyFacts(Generic[OptionsT]):
     # each rank trains a share of every micro-batch: the plan's data_world is the world size
     data_parallel: bool
     # keys of its own section that change what a run computes, and so its identity
-    # (pipeline/training/identity.py); the others only place the run (e.g. nproc: the
+    # (pipeline/checkpoints/identity.py); the others only place the run (e.g. nproc: the
     # world size, which the identity holds anyway)
     shaping_keys: tuple[str, ...] = ()
     # torch.compile may replay its forward/backward as CUDA graphs (reduce-overhead)
@@ -71,7 +71,7 @@ class StrategyFacts(Generic[OptionsT]):
 
 @dataclass(frozen=True)
 class LoopForward:
-    """How the training loop runs a DataParallelRun's forward (pipeline/training/build.py),
+    """How the training loop runs a DataParallelRun's forward (pipeline/numerics/build.py),
     for a setting measured before training: the same compilation, autocast, input layout and
     CUDA-graph step marker, so the measurement times the forward the run will train with."""
 
@@ -111,7 +111,7 @@ class _Run:
     tuned: Optional[Tuned] = None
     # drops what the strategy keeps of its process groups beyond the model (a DeviceMesh's
     # registry, which torch's global DTensor caches keep alive), so that destroying the groups
-    # frees them and joins their threads (pipeline/training/worker.py `exit_cleanly`)
+    # frees them and joins their threads (pipeline/launch/worker.py `exit_cleanly`)
     release: Callable[[], None] = lambda: None
 
     def state_dict(self) -> StateDict:

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import FsdpConfig
 from pipeline.context import DistContext
+from pipeline.resnet import RESIDUAL_STAGES
 from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
@@ -52,7 +53,6 @@ FACTS = StrategyFacts(
 )
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-RESIDUAL_STAGES = range(1, 5)  # blocks of pipeline.model.resnet18 between stem and head
 
 
 def nproc(options: FsdpConfig, plan: BatchPlan, n_gpus: int) -> int:

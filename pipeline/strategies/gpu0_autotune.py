@@ -33,14 +33,13 @@ from torch import nn
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.memory import MIB, peak_rss_bytes, reset_peaks
+from pipeline.resnet import INPUT_SHAPE, NUM_CLASSES
 from pipeline.strategies.base import LoopForward
 
 AUTO = "auto"
 CHOSEN_KEY = "balanced_dp.gpu0_bsz_chosen"
 THROUGHPUT_TOLERANCE = 0.05  # "equal throughput": within 5% of the best candidate
 MEMORY_TOLERANCE = 0.01  # peaks within 1% of the lowest count as a tie (then: the faster)
-INPUT_SHAPE = (1, 28, 28)  # one Fashion-MNIST image, as the model takes it
-NUM_CLASSES = 10
 
 
 @dataclass(frozen=True)

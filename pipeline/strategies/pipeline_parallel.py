@@ -23,7 +23,7 @@ compute in bf16 where autocast does. The schedule infers the shape and dtype of 
 stage boundary from the first micro-batch it runs (again when it switches between training and
 eval), under that same autocast: activations cross in the dtype they came out in, as they flow
 on in `single`'s forward. fp16 does not apply: its loss scaling would have to wrap the
-schedule's own backward (pipeline/training/build.py `fit_to_strategy`).
+schedule's own backward (pipeline/numerics/build.py `fit_to_strategy`).
 
 BatchNorm: a stage normalises one pipeline micro-batch at a time, so with microbatches > 1 its
 statistics and running averages come from batch_size / grad_accum / microbatches samples and
@@ -32,7 +32,6 @@ training is not the computation `single` does; with microbatches = 1 it is the s
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -50,12 +49,12 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleLoopedBFS,
 )
-from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
 from pipeline.errors import UserError
+from pipeline.resnet import BLOCKS, block_flops
 from pipeline.strategies.base import (
     Autocast,
     Loss,
@@ -77,23 +76,16 @@ FACTS = StrategyFacts(
     cuda_graphs=False,
 )
 
-MODEL_BLOCKS = 6  # stem, four residual stages, head (pipeline.training.model.resnet18)
-IMAGE_SHAPE = (
-    1,
-    28,
-    28,
-)  # one normalised Fashion-MNIST image (pipeline.data.device_data.normalize)
-
 
 def nproc(options: PipelineParallelConfig, plan: BatchPlan, n_gpus: int) -> int:
     """One process per stage where there is a GPU per stage (or, on the CPU, by default);
     one process for all of them on one GPU, or on the CPU with pipeline_parallel.nproc 1."""
     pp = options
     stages, chunks = pp.stages, pp.microbatches
-    if stages > MODEL_BLOCKS:
+    if stages > BLOCKS:
         raise UserError(
-            f"pipeline_parallel.stages: got {stages}, but the model has {MODEL_BLOCKS} blocks "
-            f"to split; expected at most {MODEL_BLOCKS}"
+            f"pipeline_parallel.stages: got {stages}, but the model has {BLOCKS} blocks "
+            f"to split; expected at most {BLOCKS}"
         )
     if n_gpus:
         if 1 < n_gpus < stages:
@@ -137,18 +129,6 @@ def split_points(costs: Sequence[float], stages: int) -> list[int]:
         return max(prefix[b] - prefix[a] for a, b in zip(bounds, bounds[1:]))
 
     return [0, *min(itertools.combinations(range(1, n), stages - 1), key=heaviest_stage), n]
-
-
-def block_flops(model: nn.Sequential) -> list[int]:
-    """Forward FLOPs of each block for one image. Counted on a meta copy: nothing is computed
-    and the model's BatchNorm statistics do not move."""
-    x = torch.empty(1, *IMAGE_SHAPE, device="meta")
-    flops = []
-    for block in copy.deepcopy(model).to(device="meta", dtype=torch.float32):
-        with FlopCounterMode(display=False) as counter:
-            x = block(x)
-        flops.append(counter.get_total_flops())
-    return flops
 
 
 def stage_blocks(model: nn.Sequential, first: int, end: int) -> nn.Sequential:

@@ -45,7 +45,7 @@ def publish_strategy(
     """Push one strategy's local record; a one-line account of what MLflow now holds.
     `ended` (FAILED, KILLED): how an unfinished run ended, for a launcher whose workers
     could not say so themselves. `model_of`: results/<strategy>/ -> its final model, logged
-    as the run's MLflow model once the run finished (training/final_model.py)."""
+    as the run's MLflow model once the run finished (tracking/final_model.py)."""
     record_path = CHECKPOINTS / name / RUN_RECORD
     latest_path = CHECKPOINTS / name / CHECKPOINT_RECORD
     record = read_record(record_path)

@@ -1,3 +1,2 @@
-"""Training one strategy: the launcher (torchrun's elastic agent, in-process), the run's spec
-(the Config resolved once), the worker and session each rank runs, and the shared loop with
-what it needs (model, precision, optimizer, checkpoints, memory, faults)."""
+"""A run's training, in each rank's process: its epochs, the step and evaluation of each, and
+what the run does at an epoch's end (checkpoint, record) and at its start (resume)."""

@@ -18,14 +18,14 @@ import torch.nn.functional as F
 
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, eval_shard
+from pipeline.interrupts.faults import Hooks
+from pipeline.interrupts.stop import StopRequest
+from pipeline.numerics.build import Training
+from pipeline.numerics.graphed_step import Step
+from pipeline.numerics.optim import set_lr
+from pipeline.recording.live import LiveProgress
 from pipeline.strategies.base import PipelinedRun
 from pipeline.timeline import mark
-from pipeline.training.build import Training
-from pipeline.training.faults import Hooks
-from pipeline.training.graphed_step import Step
-from pipeline.training.live import LiveProgress
-from pipeline.training.optim import set_lr
-from pipeline.training.stop import StopRequest
 
 
 @dataclass(frozen=True)

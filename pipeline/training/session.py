@@ -20,18 +20,22 @@ from typing import Any
 import torch
 
 from pipeline import memory
+from pipeline.checkpoints.checkpoint import Position
+from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy, Progress
+from pipeline.checkpoints.hardware import run_hardware
+from pipeline.checkpoints.identity import run_identity
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, to_device
 from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, load_arrays
+from pipeline.interrupts.faults import hooks_from_env
+from pipeline.interrupts.stop import StopRequest
+from pipeline.numerics.build import Training, build_training
+from pipeline.numerics.precision import compile_cache_line
+from pipeline.recording.live import LiveProgress, LiveSettings
+from pipeline.recording.recorder import RunRecorder, writer_log
 from pipeline.results import CHECKPOINTS, EpochRow, RunSummary
+from pipeline.run_spec import RunSpec
 from pipeline.timeline import mark
-from pipeline.training.build import Training, build_training
-from pipeline.training.checkpoint import Position
-from pipeline.training.checkpoint_policy import CheckpointPolicy, Progress
-from pipeline.training.faults import hooks_from_env
-from pipeline.training.hardware import run_hardware
-from pipeline.training.identity import run_identity
-from pipeline.training.live import LiveProgress, LiveSettings
 from pipeline.training.loop import (
     Trainer,
     evaluate,
@@ -39,10 +43,6 @@ from pipeline.training.loop import (
     train_epoch,
     wait_for_device,
 )
-from pipeline.training.precision import compile_cache_line
-from pipeline.training.recorder import RunRecorder, writer_log
-from pipeline.training.run_spec import RunSpec
-from pipeline.training.stop import StopRequest
 from pipeline.training.tuning import settle
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from pipeline.training.build import Training
+from pipeline.numerics.build import Training
 
 
 def settle(

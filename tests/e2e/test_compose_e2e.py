@@ -62,7 +62,7 @@ def unavailable(reason: str) -> None:
     pytest.skip(f"DOCKER E2E NOT RUN: {reason}")
 
 
-# what a compiled stage says of inductor's cache (pipeline/training/precision.py)
+# what a compiled stage says of inductor's cache (pipeline/numerics/precision.py)
 COMPILE_CACHE_LINE = re.compile(
     r"train\[single\]: compile cache: (\d+) of (\d+) graphs loaded from (\S+), (\d+) compiled$",
     re.M,

@@ -80,7 +80,7 @@ def test_second_repro_does_nothing(repro):
         ("pipeline/reporting/plots.py", {"compare"}),
         ("pipeline/training/loop.py", {"train@single", "train@ddp"}),
         # launch code is no concern of the download
-        ("pipeline/training/topology.py", {"train@single", "train@ddp"}),
+        ("pipeline/launch/topology.py", {"train@single", "train@ddp"}),
         # a strategy's own module (stage_code/ddp links it): its stage alone
         ("pipeline/strategies/ddp.py", {"train@ddp"}),
         ("pipeline/strategies/base.py", {"train@single", "train@ddp"}),

@@ -35,7 +35,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline import strategies
 from pipeline.data.fashion_mnist import load_tensors
-from pipeline.training.model import resnet18
+from pipeline.resnet import resnet18
 from support import MlflowServer, dvc, free_port, run
 
 NAMES = list(strategies.NAMES)
@@ -49,7 +49,7 @@ ARTIFACTS = {"metrics.json", "summary.json", "history.csv", "config.yaml", "mode
 # below must not share code with what it checks
 MEAN, STD = 0.2860, 0.3530
 # a training module's behaviour changed: the learning rate schedule returns half the rate
-OPTIM = "pipeline/training/optim.py"
+OPTIM = "pipeline/numerics/optim.py"
 ORIGINAL, HALVED = (
     """        if self.kind == "none":
             return peak
@@ -203,7 +203,7 @@ def test_a_code_change_retrains_from_scratch(every_strategy, adverse):
         assert f"Running stage 'train@{name}'" in out
         assert (
             f"train[{name}]: not resuming checkpoints/{name}: its code differs "
-            f"(pipeline/training/optim.py)"
+            f"(pipeline/numerics/optim.py)"
         ) in out, name
         old = torch.load(every_strategy / f"results/{name}/model.pt", weights_only=True)
         new = torch.load(project / f"results/{name}/model.pt", weights_only=True)

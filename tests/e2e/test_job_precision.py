@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.training.precision import build_precision, job_capabilities
+from pipeline.numerics.precision import build_precision, job_capabilities
 
 A100, T4 = (8, 0), (7, 5)
 

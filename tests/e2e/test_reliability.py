@@ -14,8 +14,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipeline.errors import FAILURE_EXIT, STOPPED_EXIT
+from pipeline.interrupts.stop import VOTE_EVERY_STEPS
 from pipeline.results import read_history
-from pipeline.training.stop import VOTE_EVERY_STEPS
 from support import (
     Background,
     MlflowServer,
@@ -173,7 +173,7 @@ def test_an_exception_in_a_worker_is_shown_with_its_traceback(fault_project):
     error = "RuntimeError: fault: rank 0 raised at the start"
     assert crashed.returncode == FAILURE_EXIT, crashed.stderr[-3000:]
     trace = crashed.stderr[crashed.stderr.index("Traceback (most recent call last):") :]
-    assert "pipeline/training/faults.py" in trace and f"\n{error}\n" in trace
+    assert "pipeline/interrupts/faults.py" in trace and f"\n{error}\n" in trace
     last = crashed.stderr.strip().splitlines()[-1]
     assert last == f"launch[single]: worker rank 0 exited with code 1 ({error})"
 
@@ -274,7 +274,7 @@ def test_sigterm_mid_epoch_checkpoints_then_dvc_repro_resumes(tmp_path, http_mir
     assert code != 0, out
     record = latest(project)
     # the ranks stopped at their next vote, at most VOTE_EVERY_STEPS steps after the one
-    # before the hold (pipeline/training/stop.py): mid-epoch 2 (0-based 1) of 32 steps
+    # before the hold (pipeline/interrupts/stop.py): mid-epoch 2 (0-based 1) of 32 steps
     stop_step = record["step"]
     assert record["epoch"] == 1 and 2 < stop_step <= 2 + VOTE_EVERY_STEPS, record
     assert f"SIGTERM: checkpointed at epoch 2 step {stop_step}" in out

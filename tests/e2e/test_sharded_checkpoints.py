@@ -1,4 +1,4 @@
-"""Checkpoints through torch.distributed.checkpoint (pipeline/training/checkpoint.py), for
+"""Checkpoints through torch.distributed.checkpoint (pipeline/checkpoints/checkpoint.py), for
 real: torchrun jobs on the CPU (gloo) killed mid-run, restarted by torchrun, resumed from
 their last checkpoint, and bitwise equal to an uninterrupted run of the same configuration,
 for every strategy, with SGD momentum (optimizer state to restore)."""

@@ -1,14 +1,14 @@
-"""When a run checkpoints (pipeline/training/checkpoint_policy.py): every N epochs, and always
+"""When a run checkpoints (pipeline/checkpoints/checkpoint_policy.py): every N epochs, and always
 the last one, which publish and a rerun read the finished run from."""
 
 from __future__ import annotations
 
 import pytest
 
+from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
+from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import CheckpointConfig
 from pipeline.context import DistContext
-from pipeline.training.checkpoint_policy import CheckpointPolicy
-from pipeline.training.identity import RunIdentity
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
 

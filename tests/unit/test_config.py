@@ -8,9 +8,9 @@ from pipeline.config import Config, ConfigError, effective_lr, flatten, load_con
 from pipeline.data.fashion_mnist import MD5 as FASHION_MNIST_MD5
 from pipeline.data.fashion_mnist import MIRRORS as FASHION_MNIST_MIRRORS
 from pipeline.errors import UserError
+from pipeline.launch.devices import parse_devices
+from pipeline.launch.topology import parse_endpoint
 from pipeline.strategies import check_names
-from pipeline.training.devices import parse_devices
-from pipeline.training.topology import parse_endpoint
 
 
 def write(tmp_path, params) -> str:

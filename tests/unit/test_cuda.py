@@ -18,16 +18,16 @@ from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
+from pipeline.interrupts.stop import StopRequest
+from pipeline.numerics.build import build_training
+from pipeline.numerics.precision import NATIVE_BF16
+from pipeline.resnet import build_model
+from pipeline.run_spec import resolve_run
 from pipeline.strategies import pipeline_parallel
 from pipeline.strategies.balanced_dp import BalancedDataParallel
 from pipeline.strategies.base import PipelinedRun
 from pipeline.strategies.replica_autocast import AutocastDataParallel
-from pipeline.training.build import build_training
 from pipeline.training.loop import Trainer, train_epoch
-from pipeline.training.model import build_model
-from pipeline.training.precision import NATIVE_BF16
-from pipeline.training.run_spec import resolve_run
-from pipeline.training.stop import StopRequest
 from support import parallelize, run_if, strategy_nproc
 
 pytestmark = run_if(min_gpus=1)
@@ -47,7 +47,7 @@ def fp32_kernels(monkeypatch):
 
 @pytest.fixture
 def one_rank_group(tmp_path):
-    """The process group of a one-GPU job's one worker (nccl), as pipeline/training/worker.py
+    """The process group of a one-GPU job's one worker (nccl), as pipeline/launch/worker.py
     starts it; a pipeline stage needs one even when every stage is local."""
     dist.init_process_group(
         "nccl",

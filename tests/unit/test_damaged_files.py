@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pipeline.batch_plan import BatchPlan
+from pipeline.checkpoints.checkpoint import Checkpointer, Position, rng_state, sharded_state
 from pipeline.config import load_config
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
@@ -29,7 +30,6 @@ from pipeline.data.loaders import Feed, make_batches
 from pipeline.errors import UserError
 from pipeline.results import read_checkpoint_record
 from pipeline.tracking.mlflow_run import new_record, read_record
-from pipeline.training.checkpoint import Checkpointer, Position, rng_state, sharded_state
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.training.devices import (
+from pipeline.launch.devices import (
     DeviceSpec,
     NvidiaHost,
     choose_devices,

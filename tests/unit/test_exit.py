@@ -1,5 +1,5 @@
 """How a train stage ends: its exit code per outcome, and the orderly exit of its workers
-(pipeline/training/launcher.py `stage_exit`, pipeline/training/worker.py)."""
+(pipeline/launch/launcher.py `stage_exit`, pipeline/launch/worker.py)."""
 
 import gc
 import itertools
@@ -17,10 +17,10 @@ from pipeline.errors import (
     USER_ERROR_EXIT,
     Outcome,
 )
+from pipeline.interrupts.stop import StopRequest
+from pipeline.launch.launcher import read_outcome, stage_exit, worker_error, workers_environment
+from pipeline.launch.worker import comm_threads, hand_back_stop_signals, left_threads_warning
 from pipeline.tracking.relay import EVENTS_ENV
-from pipeline.training.launcher import read_outcome, stage_exit, worker_error, workers_environment
-from pipeline.training.stop import StopRequest
-from pipeline.training.worker import comm_threads, hand_back_stop_signals, left_threads_warning
 
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.training.faults import ENV, Fault, fault_from_env, parse_faults
+from pipeline.interrupts.faults import ENV, Fault, fault_from_env, parse_faults
 
 CHAIN = "rank=1,point=start; rank=0,epoch=2,step=3,action=hold,release=/tmp/go"
 

@@ -1,4 +1,4 @@
-"""The whole step as one CUDA graph (pipeline/training/graphed_step.py, issue 30), on a CPU.
+"""The whole step as one CUDA graph (pipeline/numerics/graphed_step.py, issue 30), on a CPU.
 
 No GPU here, so the graph is a stand-in behind the module's seam (`new_graph`): its capture
 records the step without running it, as a CUDA capture does, and each replay calls what it
@@ -18,11 +18,11 @@ from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
+from pipeline.numerics.build import build_training, speed_features
+from pipeline.numerics.graphed_step import GraphedStep, step_graph
+from pipeline.run_spec import resolve_run
 from pipeline.strategies import fsdp, single
-from pipeline.training.build import build_training, speed_features
-from pipeline.training.graphed_step import GraphedStep, step_graph
 from pipeline.training.loop import Trainer, train_epoch
-from pipeline.training.run_spec import resolve_run
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
 CUDA = torch.device("cuda", 0)

@@ -1,4 +1,4 @@
-"""A run's identity (pipeline/training/identity.py): what a checkpoint must agree on to be
+"""A run's identity (pipeline/checkpoints/identity.py): what a checkpoint must agree on to be
 resumed, and the one line that says why one was not."""
 
 import dataclasses
@@ -9,10 +9,9 @@ import pytest
 import yaml
 
 from pipeline import strategies
-from pipeline.config import Config, flatten
-from pipeline.training import identity as identity_module
-from pipeline.training.hardware import local_facts, merge
-from pipeline.training.identity import (
+from pipeline.checkpoints import identity as identity_module
+from pipeline.checkpoints.hardware import local_facts, merge
+from pipeline.checkpoints.identity import (
     NOT_IDENTITY,
     SHAPING,
     RunIdentity,
@@ -24,7 +23,8 @@ from pipeline.training.identity import (
     source_key,
     tree_digest,
 )
-from pipeline.training.run_spec import resolve_run
+from pipeline.config import Config, flatten
+from pipeline.run_spec import resolve_run
 from support import REPO, code_deps, fresh_python
 
 # What never changes what a run computes: where the data came from, which strategies the
@@ -57,7 +57,7 @@ def identity(**changes) -> RunIdentity:
         params={"train.lr": 0.1, "model.width": 8},
         strategy="ddp",
         world_size=2,
-        code={"pipeline/training/optim.py": "a", "pipeline/training/loop.py": "b"},
+        code={"pipeline/numerics/optim.py": "a", "pipeline/training/loop.py": "b"},
         data="d",
         hardware=HW,
     )
@@ -80,8 +80,8 @@ def test_the_tree_digest_sees_code_not_comments_docstrings_or_layout():
         ({"world_size": 4}, "written by 2 process(es), this run has 4"),
         ({"params": {"train.lr": 0.2, "model.width": 8}}, "params differ (train.lr: 0.1 -> 0.2)"),
         (
-            {"code": {"pipeline/training/optim.py": "z", "pipeline/training/loop.py": "b"}},
-            "code differs (pipeline/training/optim.py)",
+            {"code": {"pipeline/numerics/optim.py": "z", "pipeline/training/loop.py": "b"}},
+            "code differs (pipeline/numerics/optim.py)",
         ),
         ({"data": "e"}, "training data differs"),
         (
@@ -166,13 +166,13 @@ def worker_code() -> set[str]:
     """The files in the identity of a worker of any strategy: code_digests in a fresh
     interpreter that imported what `python -m pipeline.train` does under torchrun, and every
     strategy."""
-    imports = ["pipeline.train", "pipeline.training.worker"]
+    imports = ["pipeline.train", "pipeline.launch.worker"]
     imports += [f"pipeline.strategies.{name}" for name in strategies.NAMES]
     code = (
         "import importlib, json\n"
         f"for name in {imports!r}:\n"
         "    importlib.import_module(name)\n"
-        "from pipeline.training.identity import code_digests\n"
+        "from pipeline.checkpoints.identity import code_digests\n"
         "print(json.dumps(sorted(code_digests())))"
     )
     return set(fresh_python(code))

@@ -26,8 +26,8 @@ DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
 STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports as it runs
     "fetch": ("pipeline.fetch", ()),
     # and, train@X, the module of strategy X (strategies.get)
-    "train": ("pipeline.train", ("pipeline.training.launcher", "pipeline.training.worker")),
-    "compare": ("pipeline.compare", ("pipeline.training.final_model",)),
+    "train": ("pipeline.train", ("pipeline.launch.launcher", "pipeline.launch.worker")),
+    "compare": ("pipeline.compare", ("pipeline.tracking.final_model",)),
 }
 STAGES = ["fetch", *(f"train@{name}" for name in strategies.NAMES), "compare"]
 COMMANDS = [
@@ -297,11 +297,15 @@ def test_every_command_has_help(command):
 LAYERS = [
     {"config"},
     {"errors"},
-    {"context", "batch_plan", "memory", "files", "locks", "results", "timeline"},
-    {"data"},
-    {"strategies"},
+    {"context", "batch_plan", "memory", "files", "locks", "results", "timeline", "interrupts"},
+    {"data", "resnet"},
+    {"strategies", "run_spec"},
     {"tracking"},
+    {"numerics"},
+    {"checkpoints"},
+    {"recording"},
     {"training"},
+    {"launch"},
     {"reporting"},
 ]
 

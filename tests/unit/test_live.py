@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pipeline.memory import DevicePeak
-from pipeline.training import live
-from pipeline.training.live import LiveProgress, LiveSettings
+from pipeline.recording import live
+from pipeline.recording.live import LiveProgress, LiveSettings
 
 LINE = re.compile(
     r"^train\[ddp\] epoch (\d+)/2 step (\d+)/5: loss (\S+) (\S+) samples/s ETA (\S+) "

@@ -1,10 +1,10 @@
-"""The machine's cold start paid once per boot (pipeline/training/machine_warmup.py, issue
+"""The machine's cold start paid once per boot (pipeline/launch/machine_warmup.py, issue
 51): which files a CUDA worker would load, read once, and a marker per boot so that no later
 stage reads them again."""
 
 from pathlib import Path
 
-from pipeline.training import machine_warmup
+from pipeline.launch import machine_warmup
 
 
 def site(tmp_path: Path) -> Path:

@@ -15,11 +15,11 @@ from mlflow.tracking import MlflowClient
 from pipeline.data.fashion_mnist import ARRAYS, write_arrays
 from pipeline.reporting import answer
 from pipeline.reporting.report import register
+from pipeline.resnet import build_model
 from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
 from pipeline.tracking.comparison_run import register_model, seed_accuracies
+from pipeline.tracking.final_model import input_example, model_source, plain_model
 from pipeline.tracking.mlflow_run import MODEL_NAME, Tracker, new_record, tensor_signature
-from pipeline.training.final_model import input_example, model_source, plain_model
-from pipeline.training.model import build_model
 from support import run_summary
 
 

@@ -13,9 +13,9 @@ from torch import nn
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
+from pipeline.numerics.precision import build_precision
+from pipeline.resnet import build_model
 from pipeline.strategies import pipeline_parallel
-from pipeline.training.model import build_model
-from pipeline.training.precision import build_precision
 
 CPU = torch.device("cpu")
 BATCH = 32

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from pipeline.config import Config
 from pipeline.errors import UserError
+from pipeline.resnet import block_flops, build_model
 from pipeline.strategies import pipeline_parallel
-from pipeline.strategies.pipeline_parallel import block_flops, split_points
-from pipeline.training.model import build_model
+from pipeline.strategies.pipeline_parallel import split_points
 from support import strategy_nproc
 
 

@@ -15,11 +15,11 @@ from pipeline.context import DistContext
 from pipeline.data.download import convert
 from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, write_arrays
 from pipeline.errors import UserError
+from pipeline.launch.launcher import settle_run
 from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RUN_RECORD
+from pipeline.run_spec import resolve_run
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, new_record
 from pipeline.training import session
-from pipeline.training.launcher import settle_run
-from pipeline.training.run_spec import resolve_run
 from support import empty_store
 
 # one process, no process group: DCP says it saves and loads locally, as meant here

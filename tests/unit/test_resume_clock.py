@@ -16,19 +16,19 @@ from dataclasses import replace
 
 import pytest
 
+from pipeline.checkpoints.checkpoint import Position
+from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
+from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
+from pipeline.numerics.build import build_training
+from pipeline.recording.recorder import RunRecorder
 from pipeline.results import NO_STEADY
+from pipeline.run_spec import resolve_run
 from pipeline.training import session
-from pipeline.training.build import build_training
-from pipeline.training.checkpoint import Position
-from pipeline.training.checkpoint_policy import CheckpointPolicy
-from pipeline.training.identity import RunIdentity
 from pipeline.training.loop import Trainer
-from pipeline.training.recorder import RunRecorder
-from pipeline.training.run_spec import resolve_run
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -1,11 +1,11 @@
-"""The Config resolved once into a run's spec (pipeline/training/run_spec.py): the strategy's
+"""The Config resolved once into a run's spec (pipeline/run_spec.py): the strategy's
 own section, and a record of only what the run ran with."""
 
 import yaml
 
 from pipeline.config import Config
+from pipeline.run_spec import resolve_run
 from pipeline.strategies import NAMES
-from pipeline.training.run_spec import resolve_run
 
 
 def test_a_run_records_no_other_strategys_section():

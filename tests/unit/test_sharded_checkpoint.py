@@ -1,4 +1,4 @@
-"""The checkpoint files of pipeline/training/checkpoint.py in one process: torch.distributed
+"""The checkpoint files of pipeline/checkpoints/checkpoint.py in one process: torch.distributed
 .checkpoint directories committed by latest.json, never written over while committed, and
 model/optimizer state that comes back exactly (tests/e2e/test_sharded_checkpoints.py runs
 them under torchrun)."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.checkpoints.checkpoint import Checkpointer, Position, rng_state, sharded_state
 from pipeline.errors import UserError
-from pipeline.training.checkpoint import Checkpointer, Position, rng_state, sharded_state
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -14,6 +14,7 @@ import torchvision.transforms.functional as TF
 from torch import nn
 
 from pipeline.batch_plan import BatchPlan
+from pipeline.checkpoints.checkpoint import Checkpointer, Position, rng_state
 from pipeline.config import Config, ConfigError, TrainConfig, load_config
 from pipeline.data import loaders
 from pipeline.data.device_data import to_device
@@ -29,18 +30,17 @@ from pipeline.data.loaders import (
     make_batches,
 )
 from pipeline.errors import UserError
-from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
-from pipeline.training import precision
-from pipeline.training.build import fit_to_strategy
-from pipeline.training.checkpoint import Checkpointer, Position, rng_state
-from pipeline.training.model import build_model
-from pipeline.training.optim import LrSchedule, loss_function, make_optimizer
-from pipeline.training.precision import (
+from pipeline.numerics import precision
+from pipeline.numerics.build import fit_to_strategy
+from pipeline.numerics.optim import LrSchedule, loss_function, make_optimizer
+from pipeline.numerics.precision import (
     auto_choice,
     build_precision,
     compile_forward,
     configure_backends,
 )
+from pipeline.resnet import build_model
+from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
 from support import write_raw
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""The SIGTERM vote (pipeline/training/stop.py): when the ranks vote, from the step time the
+"""The SIGTERM vote (pipeline/interrupts/stop.py): when the ranks vote, from the step time the
 slowest one measured, and that every rank votes at the same steps."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from pipeline.training.stop import (
+from pipeline.interrupts.stop import (
     VOTE_EVERY_S,
     VOTE_EVERY_STEPS,
     StopRequest,

@@ -8,8 +8,7 @@ from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import DistConfig
 from pipeline.errors import UserError
-from pipeline.strategies.base import StrategyFacts
-from pipeline.training.topology import (
+from pipeline.launch.topology import (
     ONE_NODE_BACKEND,
     Topology,
     check_job,
@@ -20,6 +19,7 @@ from pipeline.training.topology import (
     resolve_topology,
     worker_overrides,
 )
+from pipeline.strategies.base import StrategyFacts
 
 
 def dist(**kw) -> DistConfig:
@@ -71,7 +71,7 @@ def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch):
     import torch
     import torch._utils_internal
 
-    from pipeline.training.launcher import launch_config
+    from pipeline.launch.launcher import launch_config
 
     def asked() -> bool:
         raise AssertionError("torch.accelerator.is_available() was called")
@@ -212,7 +212,7 @@ def test_one_node_rendezvous_hosts_a_store_each_round_apart():
         rendezvous_handler_registry,
     )
 
-    from pipeline.training import one_node_rendezvous
+    from pipeline.launch import one_node_rendezvous
 
     one_node_rendezvous.register()
     one_node_rendezvous.register()  # again: the quickstart launches once per strategy
@@ -242,7 +242,7 @@ def test_the_hosting_node_finds_its_rendezvous_port_in_use_and_says_which_key():
     is one line naming the port and where it came from, before any worker starts."""
     import socket
 
-    from pipeline.training.topology import check_rendezvous_port
+    from pipeline.launch.topology import check_rendezvous_port
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))

@@ -13,17 +13,17 @@ from dataclasses import replace
 
 import pytest
 
+from pipeline.checkpoints.checkpoint import Position
+from pipeline.checkpoints.checkpoint_policy import TUNED, CheckpointPolicy
+from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
+from pipeline.numerics.build import build_training
+from pipeline.run_spec import resolve_run
 from pipeline.strategies.base import Tuned
 from pipeline.strategies.gpu0_autotune import CHOSEN_KEY
-from pipeline.training.build import build_training
-from pipeline.training.checkpoint import Position
-from pipeline.training.checkpoint_policy import TUNED, CheckpointPolicy
-from pipeline.training.identity import RunIdentity
-from pipeline.training.run_spec import resolve_run
 from pipeline.training.tuning import settle
 
 # one process, no process group: DCP says it saves and loads locally, as meant here

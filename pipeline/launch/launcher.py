@@ -1,0 +1,416 @@
+"""Start one strategy's training under torchrun's elastic agent, with the right number of
+processes.
+
+`python -m pipeline.train STRATEGY` lands here when it is not yet a worker: the config is
+validated, the devices resolved and the outputs checked in this one process, so bad input
+fails fast with one line and exit code 2 instead of N tracebacks. Then this process becomes
+the job's elastic agent (what `torchrun` runs, as a library: rendezvous, restarts, signal
+handling, several nodes) and starts the workers, with the chosen GPUs as
+CUDA_VISIBLE_DEVICES. It forks them, so they start with torch and the project already
+imported, unless the CUDA driver was initialised here (devices.workers_can_fork): then it
+spawns them. A user error a worker finds later comes back the same way (one line, exit 2)
+through a file, and the run's writer says how it ended through another (`stage_exit`).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import gc
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from pipeline import strategies
+from pipeline.checkpoints.checkpoint import Checkpointer
+from pipeline.checkpoints.identity import code_digests
+from pipeline.config import Config, load_config
+from pipeline.data.fashion_mnist import train_samples
+from pipeline.errors import (
+    ERROR_FILE_ENV,
+    FAILURE_EXIT,
+    OUTCOME_FILE_ENV,
+    STOPPED_EXIT,
+    USER_ERROR_EXIT,
+    Outcome,
+    UserError,
+    first_line,
+)
+from pipeline.interrupts.faults import ENV as FAULT_ENV
+from pipeline.interrupts.faults import parse_faults
+from pipeline.launch import one_node_rendezvous, worker
+from pipeline.launch.devices import choose_devices, cuda_driver_initialised, workers_can_fork
+from pipeline.launch.machine_warmup import MARKERS as WARMUP_MARKERS
+from pipeline.launch.machine_warmup import warm_once
+from pipeline.launch.topology import (
+    check_job,
+    check_rendezvous_port,
+    launch_settings,
+    lost_node_hint,
+    resolve_topology,
+    worker_overrides,
+)
+from pipeline.locks import holding
+from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_record
+from pipeline.run_spec import resolve_run
+from pipeline.timeline import mark
+from pipeline.tracking.kept_runs import publish_strategy
+from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
+from pipeline.tracking.relay import EVENTS_ENV, STORE_READY_WAIT_S, Publisher
+from pipeline.tracking.store import check_tracking_uri, tracking_uri
+
+# how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
+# (the default) or spawn (where the CUDA driver was initialised in the launcher)
+START_METHOD_ENV = "PARALLEL_LAB_START_METHOD"
+NUMA_DECIDED: Any = object()  # launch_config's numa_options until it sets the one it decided
+# torch.compile's caches in the project, outside DVC's outputs (git- and DVC-ignored): inductor's
+# compiled graphs and kernels, and Triton's (under it, unless TRITON_CACHE_DIR says otherwise)
+COMPILE_CACHE = Path(".cache/torch-compile")
+
+
+def check_writable(directory: Path) -> None:
+    """That the run can write `directory`, without creating it: a refused run leaves no
+    directory behind. Where it does not exist yet, its nearest existing ancestor must take a
+    new file (and so a new directory)."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.NamedTemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise UserError(
+            f"{directory}/: not writable ({err.strerror}); expected a directory "
+            "this user can create files in"
+        ) from None
+
+
+def check_kept_files(name: str) -> None:
+    """The run's own records of an earlier run, read before any worker starts: a corrupt one
+    is refused in one line here rather than in every rank (pipeline/results.py,
+    tracking/mlflow_run.py say what is checked and what fixes it)."""
+    read_checkpoint_record(CHECKPOINTS / name)
+    read_record(CHECKPOINTS / name / RUN_RECORD)
+
+
+def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -> int:
+    """Validate the rest (`cfg`: params.yaml with `overrides`, already checked), then run the
+    strategy's workers under torchrun, their run's MLflow events going to `publisher`; the
+    stage's exit code (`stage_exit`), with one line for a user error found by a worker."""
+    strategies.check_names(cfg.strategies)
+    check_tracking_uri(tracking_uri())
+    parse_faults(os.environ.get(FAULT_ENV))
+    gpus = choose_devices(cfg.devices, os.environ)
+    spec = resolve_run(cfg, name)  # as each worker resolves its own (run_spec.py)
+    plan = spec.plan  # the batch as one process trains it
+    nproc = spec.strategy.nproc(spec.options, plan, len(gpus))
+    topology = resolve_topology(cfg.dist, os.environ, name)
+    check_job(spec.facts, topology, nproc, plan)
+    check_rendezvous_port(topology)
+    # one run of this stage at a time in the project (issue 50), from here to its exit
+    with one_run_at_a_time(name, topology.multi_node):
+        for directory in (RESULTS / name, CHECKPOINTS / name):
+            check_writable(directory)
+        check_kept_files(name)
+        # the data is there, and holds a batch
+        plan.drawing_from(train_samples(spec.data.limit_train))
+        # what the workers train with: all but the dist.* overrides, which only shape the launch
+        worker_cfg = load_config("params.yaml", worker_overrides(overrides))
+        settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)
+        where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+        if topology.multi_node:
+            where += (
+                f", this node of {topology.nnodes} (c10d rendezvous {topology.rdzv_id} at "
+                f"{topology.endpoint})"
+            )
+        print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
+        with (
+            tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
+            workers_environment(gpus, nproc, Path(tmp), publisher.events) as files,
+        ):
+            forks = workers_can_fork(gpus, cuda_driver_initialised())
+            start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
+            if start == "fork":
+                prepare_forks()
+                warm_up()
+            mark("agent")  # validated, torch and the project imported
+            before_the_workers(name, gpus, publisher)
+            code, signalled, failure = run_agent(
+                launch_config(settings, start, len(gpus)), (name, worker_cfg)
+            )
+            mark("workers ended")
+            problem = publisher.finish()
+            if problem is not None:
+                print(
+                    f"warning: MLflow run of {name} not pushed: {problem}; kept locally: run "
+                    "`python -m pipeline.publish`",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            mark("published")
+            user_error = files.error.read_text().strip() if files.error.exists() else ""
+            outcome = read_outcome(files.outcome)
+        exit_code = stage_exit(code, signalled, outcome, bool(user_error))
+        if exit_code not in (0, STOPPED_EXIT):
+            # a stop someone asked for that came before a checkpoint, or a failure (the agent also
+            # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
+            status = KILLED if signalled else FAILED
+            settle_run(name, status, user_error=bool(user_error))
+        if user_error:
+            print(f"error: {user_error}", file=sys.stderr, flush=True)
+        elif failure:
+            print(f"launch[{name}]: {failure}", file=sys.stderr, flush=True)
+        if not user_error and exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
+            found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
+            at = (found[0].epoch, found[0].step) if found else None
+            if topology.multi_node:
+                hint = lost_node_hint(name, code, topology, at)
+                print(f"error: {hint}", file=sys.stderr, flush=True)
+            else:
+                print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
+        return exit_code
+
+
+def before_the_workers(name: str, gpus: list[str], publisher: Publisher) -> None:
+    """What no strategy's epochs may pay (issue 51), paid before the workers start and marked
+    in the stage's timeline: the machine's cold start on a GPU (once per boot:
+    machine_warmup.py) and the MLflow store's making (the publisher's, at once)."""
+    if gpus:
+        warmed = warm_once(WARMUP_MARKERS, [Path(torch.__file__).parents[1]])
+        if warmed is not None:
+            print(
+                f"launch[{name}]: first CUDA stage since this machine booted: read "
+                f"{warmed.files} CUDA libraries ({warmed.mib:.0f} MiB) into the page cache in "
+                f"{warmed.seconds:.1f} s, before any epoch",
+                flush=True,
+            )
+    mark("machine warmed")
+    if not publisher.make_store():
+        print(
+            f"warning: the MLflow store at {tracking_uri()} was not ready in "
+            f"{STORE_READY_WAIT_S:.0f} s; training starts beside its making",
+            file=sys.stderr,
+            flush=True,
+        )
+    mark("MLflow store ready")
+
+
+@contextmanager
+def one_run_at_a_time(name: str, multi_node: bool) -> Iterator[None]:
+    """The strategy's stage lock (pipeline/locks.py) while the block runs: a second start of
+    the stage in this project is refused at once, naming this one. Not for a job of several
+    nodes, whose launchers run the same stage in the same directory where it is shared: its
+    rendezvous (dist.rdzv_id) keeps one job's nodes together and another job's apart."""
+    if multi_node:
+        yield
+        return
+    with holding(f"train-{name}", f"train[{name}]"):
+        yield
+
+
+class WorkerFiles(NamedTuple):
+    """Where a worker's user error, the run's outcome and the run's MLflow events come back."""
+
+    error: Path
+    outcome: Path
+    events: Path
+
+
+@contextmanager
+def workers_environment(
+    gpus: list[str], nproc: int, tmp: Path, events: Path
+) -> Iterator[WorkerFiles]:
+    """This process's environment as the workers get it (they are its children), for the
+    launch only: the next launch in the same process (the quickstart's) starts from the
+    user's again. Yields the files the workers answer through: two in `tmp`, and `events`,
+    the stage's MLflow publisher's."""
+    files = WorkerFiles(tmp / "error.txt", tmp / "outcome", events)
+    saved = dict(os.environ)
+    # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine
+    os.environ.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            ERROR_FILE_ENV: str(files.error),
+            OUTCOME_FILE_ENV: str(files.outcome),
+            EVENTS_ENV: str(files.events),
+        }
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # a repeat run loads what an earlier one compiled instead of compiling again (issue 29),
+    # in a container too, where the repository is the mount that outlives it; where the user
+    # named a cache, theirs
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(COMPILE_CACHE.resolve()))
+    try:
+        yield files
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def warm_up() -> None:
+    """What every worker loads before its first step, loaded once here, before the workers
+    are forked, so they inherit it instead of each loading its own: torch._dynamo (the optimizer's
+    first call imports it: half a second) and the digests of the run's code (identity.py)."""
+    import torch._dynamo  # noqa: F401
+
+    code_digests()
+
+
+def read_outcome(path: Path) -> Outcome | None:
+    """What the run's writer said of how it ended, if it got that far."""
+    try:
+        return Outcome(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def stage_exit(
+    torchrun_code: int, signalled: bool, outcome: Outcome | None, user_error: bool
+) -> int:
+    """The stage's exit code (pipeline/errors.py lists them) from torchrun's, whether this
+    process forwarded a stop signal to it, the writer's outcome and a worker's user error.
+    torchrun exits non-zero whenever it forwarded a signal, whatever its workers did then."""
+    if user_error:
+        return USER_ERROR_EXIT
+    if torchrun_code == 0 or (signalled and outcome is Outcome.FINISHED):
+        return 0
+    if outcome is Outcome.STOPPED:
+        return STOPPED_EXIT
+    # a crash; also a rank that died after the writer finished, and a stop whose checkpoint
+    # did not happen (the grace period ran out)
+    return FAILURE_EXIT
+
+
+def unsaved_stop_hint(name: str, at: tuple[int, int] | None) -> str:
+    where = f"epoch {at[0] + 1} step {at[1]}" if at else "the start"
+    return (
+        f"train[{name}]: stopped by a signal before it could checkpoint; the next run of "
+        f"this stage resumes from {where}"
+    )
+
+
+def settle_run(name: str, status: str, user_error: bool = False) -> None:
+    """Record how the stage's MLflow run ended when its workers could not say it themselves
+    (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
+    and `python -m pipeline.publish` delivers it later. After a worker's `user_error` only a
+    run still RUNNING is marked (workers that had opened theirs marked it FAILED; a record of
+    an earlier run, which the refused stage never reopened, stays as that run ended), and
+    nothing is said: the error's one line is the stage's answer."""
+    try:
+        if user_error and read_record(CHECKPOINTS / name / RUN_RECORD).get("status") != RUNNING:
+            return
+        publish_strategy(name, ended=status)
+    except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
+        if user_error:
+            return
+        print(
+            f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def launch_config(settings: dict[str, Any], start_method: str, gpus: int) -> Any:
+    """torchrun's LaunchConfig for `settings`, its NUMA binding decided as its own default
+    would decide it (the torch build's default options where the node's workers use all
+    `gpus`), but from the GPU count this launcher already has: LaunchConfig asks
+    torch.accelerator.is_available() instead, which initialises the CUDA driver in this
+    process, and a worker forked after that cannot use CUDA."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    try:
+        from torch._utils_internal import get_default_numa_options
+    except ImportError:  # a torch from before NUMA binding (2.9), whose LaunchConfig asks nothing
+        return LaunchConfig(**settings, start_method=start_method)
+    numa = None
+    if gpus and gpus == settings["nproc_per_node"]:
+        numa = get_default_numa_options()
+    # LaunchConfig asks its question only when numa_options is None
+    config = LaunchConfig(**settings, start_method=start_method, numa_options=NUMA_DECIDED)
+    config.numa_options = numa
+    return config
+
+
+def run_agent(config: Any, args: tuple[Any, ...]) -> tuple[int, bool, str]:
+    """Run torchrun's elastic agent in this process: it rendezvouses, starts the workers
+    (`worker.entry(*args)`), restarts them after a failure (`checkpoint.max_restarts`) and,
+    on SIGTERM/SIGINT, passes the signal on and waits for them (30 s, then SIGKILL). Forked,
+    the workers inherit this process's imports (torch, the project) instead of loading them
+    again. Returns the agent's exit code as torchrun's would be, whether a signal stopped
+    it, and what failed, in words."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
+
+    # The agent's log is torchrun's console chatter; a worker prints its own traceback and
+    # the launcher the one line that matters.
+    for logger in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(logger).setLevel(logging.CRITICAL)
+    one_node_rendezvous.register()
+    # the agent's handlers (raise SignalException) outlive it: a process that goes on after
+    # the launch (the quickstart's) gets its own back
+    handlers = {signum: signal.getsignal(signum) for signum in worker.AGENT_SIGNALS}
+    try:
+        elastic_launch(config, worker.entry)(*args)
+    except SignalException:
+        return FAILURE_EXIT, True, ""
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        error, trace = worker_error(failure.message)
+        if trace:  # the worker's own traceback, which its forked process had no way to print
+            print(trace.rstrip(), file=sys.stderr, flush=True)
+        words = f"worker rank {rank} {exit_words(failure.exitcode)}"
+        return failure.exitcode or FAILURE_EXIT, False, words + (f" ({error})" if error else "")
+    except RendezvousError as err:
+        return FAILURE_EXIT, False, f"rendezvous failed ({first_line(err)})"
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return 0, False, ""
+
+
+def worker_error(message: Any) -> tuple[str, str]:
+    """A failed worker's exception as torchelastic recorded it (`ProcessFailure.message`: a
+    dict from the worker's error file, or words of torch's own where there was none) ->
+    ('Type: message' in one line, the traceback); empty where the worker left no exception
+    (a signal, a plain exit)."""
+    if not isinstance(message, dict):
+        return "", ""
+    trace = str(message.get("extraInfo", {}).get("py_callstack", ""))
+    error = str(message.get("message", "")).strip()
+    return (error.splitlines() or [""])[0], trace
+
+
+def exit_words(code: int) -> str:
+    """A worker's exit code in words: 'exited with code 1', 'was killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+@functools.cache
+def prepare_forks() -> None:
+    """Before each fork: flush what this process buffered (a child would write it again) and
+    freeze the objects it has, so a child's garbage collection never finalizes the agent's
+    own (its TCP store, whose thread the child does not have)."""
+
+    def before() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        gc.freeze()
+
+    os.register_at_fork(before=before)

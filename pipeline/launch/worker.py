@@ -1,0 +1,207 @@
+"""One torchrun worker: its process group, the training session, then an orderly exit.
+
+The distributed state comes from torchrun's environment once, here (`DistContext.from_env`:
+RANK, LOCAL_RANK, WORLD_SIZE, the visible GPUs) and is passed down explicitly.
+
+The exit happens in a fixed order: the session joins its own threads (MLflow's), the process
+groups are destroyed, what still refers to them is freed, and only when no communication
+thread is left does the interpreter shut down (`exit_cleanly`).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import NoReturn, cast
+
+import torch
+import torch.distributed as dist
+
+from pipeline.config import Config, load_config
+from pipeline.context import DistContext
+from pipeline.errors import (
+    BAD_INPUT,
+    ERROR_FILE_ENV,
+    OUTCOME_FILE_ENV,
+    SIGTERM_EXIT,
+    USER_ERROR_EXIT,
+    Outcome,
+)
+from pipeline.files import atomic_write
+from pipeline.interrupts.stop import StopRequest
+from pipeline.recording.live import terminal_columns
+from pipeline.run_spec import resolve_run
+from pipeline.timeline import mark
+from pipeline.tracking.relay import EVENTS_ENV
+from pipeline.training.session import run
+
+TASKS = Path("/proc/self/task")
+# Name prefixes of the threads a gloo process group runs (its work loop and its transport's
+# event loop): they exist for as long as the group object does.
+COMM_THREADS = ("pt_gloo", "gloo_")
+GIL_SWITCH_S = 0.0005
+# what torchrun's agent handles and passes on (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def entry(strategy: str, cfg: Config) -> None:
+    """A worker the launcher's elastic agent started (pipeline/launch/launcher.py), forked
+    from it: `cfg` is what the launcher validated. Its process ends when this returns (a
+    non-zero code as SystemExit), without the interpreter's shutdown (multiprocessing's
+    children leave through os._exit)."""
+    # the agent's handlers (raise SignalException) came with the fork; until the session
+    # installs its own, a stop signal ends a worker that has nothing to save yet
+    for signum in AGENT_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # torch read the variable when the launcher imported it, before the launcher set the
+        # workers' share; a forked worker takes its share explicitly
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    code, stop = run_worker(strategy, lambda: cfg)
+    left_threads_warning()
+    if code:
+        raise SystemExit(code)
+    hand_back_stop_signals(stop)
+
+
+def hand_back_stop_signals(stop: StopRequest | None) -> None:
+    """A finished run's worker returns to torch's wrapper, which hands the agent its return
+    value and waits until the agent has read it. An agent that is stopping (it passed a stop
+    signal on) never reads it: it signals the workers it is waiting for and kills them 30 s
+    later. So from here a stop signal ends this process, as it ends any process with nothing
+    left to do, and one that came while the run was finishing (the run still wrote everything)
+    ends it now."""
+    for signum in AGENT_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    if stop is not None and stop.signum is not None:  # read after the reset: none is missed
+        signal.raise_signal(stop.signum)
+
+
+def main(strategy: str, overrides: list[str]) -> NoReturn:
+    """A worker started by `torchrun -m pipeline.train STRATEGY` by hand: the same run, in a
+    process of its own whose interpreter shuts down at the end (`exit_cleanly`)."""
+    code, _ = run_worker(strategy, lambda: load_config("params.yaml", overrides))
+    exit_cleanly(code)
+
+
+def run_worker(strategy: str, config: Callable[[], Config]) -> tuple[int, StopRequest | None]:
+    """Train; the exit code and the run's stop request (None where the run never started).
+    A user error is left for the launcher as one line."""
+    try:
+        return train(strategy, config())
+    except BAD_INPUT as err:
+        # the agent turns any worker exit into its own failure; leave the line for the launcher
+        if os.environ.get(ERROR_FILE_ENV):
+            Path(os.environ[ERROR_FILE_ENV]).write_text(str(err))
+        else:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT, None
+
+
+def train(strategy: str, cfg: Config) -> tuple[int, StopRequest]:
+    """Train, and tell the launcher how it ended (the writer's outcome); the exit code and
+    the run's stop request, whose handlers stay until the caller hands them back. The
+    Config is resolved here, once, into the run's spec: nothing below sees the rest of it."""
+    # The loop hands the GIL back at every torch call, and waits up to the switch interval
+    # to get it again while a background thread runs Python (MLflow's, where the writer
+    # publishes itself: a worker torchrun started by hand): at the default 5 ms that doubled
+    # the first step on 2 CPU cores. 0.5 ms bounds the wait, for a little more switching.
+    sys.setswitchinterval(GIL_SWITCH_S)
+    spec = resolve_run(cfg, strategy)
+    ctx = DistContext.from_env()
+    mark("worker", ctx.rank)
+    terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
+    dist.init_process_group(
+        ctx.backend,
+        store=attempt_store(os.environ),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        device_id=ctx.device if ctx.on_cuda else None,
+    )
+    mark("process group", ctx.rank)
+    # the SIGTERM vote travels on a CPU group so it never waits on the GPU
+    control = None
+    if ctx.on_cuda and ctx.world_size > 1:
+        control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
+    stop = StopRequest(control, ctx.world_size)
+    try:
+        events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
+        end = run(spec, ctx, stop, terminal, Path(events) if events else None)
+    finally:
+        dist.destroy_process_group()
+    outcome = Outcome.STOPPED if end.summary is None else Outcome.FINISHED
+    if end.writer and os.environ.get(OUTCOME_FILE_ENV):
+        atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), outcome.value)
+    return SIGTERM_EXIT if outcome is Outcome.STOPPED else 0, stop
+
+
+def left_threads_warning(tasks: Path = TASKS) -> bool:
+    """Where a destroyed process group's threads still run, free what holds the group (a
+    reference cycle), whose freeing joins them, and say so if a thread outlived it anyway
+    (every test run checks this line never appears). True when one did. Where none is left,
+    as after a plain destroy, the collection is skipped: it is a tenth of a second of every
+    stage's exit on 2 cores."""
+    left = comm_threads(tasks)
+    if left or not tasks.is_dir():  # no thread list to go by (not Linux): collect anyway
+        gc.collect()
+        left = comm_threads(tasks)
+    if left:
+        print(
+            f"warning: {len(left)} communication thread(s) ({', '.join(sorted(set(left)))}) "
+            "outlived the process group",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(left)
+
+
+def exit_cleanly(code: int) -> NoReturn:
+    """Exit once the destroyed process groups are gone with their threads.
+
+    A gloo group's threads end only when the group object is freed, and after each collective
+    its thread drops the finished work, and the tensors it holds, a moment after the caller
+    has moved on. Where the interpreter is already shutting down by then, freeing a tensor
+    Python owned ends that thread inside a C++ destructor and the process aborts ("terminate
+    called without an active exception", SIGABRT) after its work was done. So the groups are
+    freed first (`left_threads_warning`): the run's modules sit in reference cycles, and the
+    strategies' `Run.release` dropped what global caches keep. Should a thread survive, the
+    process leaves without the interpreter's shutdown, where that thread can do no harm."""
+    if left_threads_warning():
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def comm_threads(tasks: Path = TASKS) -> list[str]:
+    """The names of this process's threads that belong to a process group ([] where the
+    system does not list threads)."""
+    names = []
+    for comm in tasks.glob("*/comm"):
+        try:
+            name = comm.read_text().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if name.startswith(COMM_THREADS):
+            names.append(name)
+    return names
+
+
+def attempt_store(env: Mapping[str, str]) -> dist.Store:
+    """The rendezvous store, with keys scoped to this torchrun attempt. torchrun keeps its
+    store across worker restarts but torch 2.14's env:// init assumes a fresh one, so a
+    restarted process group would read the dead attempt's addresses and hang connecting."""
+    store = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        int(env["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timedelta(minutes=10),
+    )
+    return dist.PrefixStore(
+        f"parallel-lab/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store
+    )

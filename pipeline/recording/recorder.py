@@ -1,0 +1,212 @@
+"""What a run leaves behind: its history of epochs (results/<strategy>/history.csv grows
+with each, so `dvc plots` shows a run in progress), the MLflow run (continued on a resume),
+the per-epoch line in the log, and at the end results/<strategy>/ and the summary. One per
+process; only the strategy's writer rank keeps an MLflow run and writes files, the others
+record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline import memory
+from pipeline.checkpoints.checkpoint import Position
+from pipeline.checkpoints.checkpoint_policy import Progress
+from pipeline.config import effective_lr
+from pipeline.context import DistContext
+from pipeline.files import atomic_write
+from pipeline.numerics.build import Training
+from pipeline.results import (
+    ARTIFACTS,
+    CHECKPOINTS,
+    HISTORY,
+    RESULTS,
+    RUN_RECORD,
+    EpochRow,
+    RunSummary,
+    history_csv,
+    speed_figures,
+    write_results,
+)
+from pipeline.run_spec import RunSpec
+from pipeline.timeline import mark
+from pipeline.tracking.mlflow_run import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    NullTracker,
+    Tracker,
+    new_record,
+)
+from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
+from pipeline.tracking.relay import Opening, Relay, open_tracker
+
+
+def writer_log(name: str, writer: bool) -> Callable[[str], None]:
+    """Lines in the stage's log, `train[<name>]: ...`, from the writer rank only."""
+
+    def say(text: str) -> None:
+        if writer:
+            print(f"train[{name}]: {text}", flush=True)
+
+    return say
+
+
+def _tag(value: Any) -> str:
+    """A tag's text: true/false for a flag, as params.yaml writes it."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+class RunRecorder:
+    def __init__(
+        self,
+        spec: RunSpec[Any],
+        ctx: DistContext,
+        training: Training,
+        key: str,
+        progress: Progress,
+        events: Path | None = None,
+    ):
+        """`key`: the run identity's; `progress`: where the run starts, its history the
+        epochs a resumed run already finished (the list the epochs go on adding to);
+        `events`: where the stage's publisher takes the run's MLflow events (relay.py), if
+        the launcher started one."""
+        # A new MLflow run where training starts from scratch, but not for torchrun
+        # restarting this job's workers (the stage's same attempt, whose run a failed rank
+        # may have ended)
+        self.fresh = progress.position == Position(0, 0) and ctx.restart == 0
+        # the strategy's notes and the precision's, then what happened to this run on its way
+        self.notes = [*training.notes, *progress.notes]
+        self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
+        self.key, self.history = key, progress.history
+        self.epochs, self.final_wait_s = spec.train.epochs, spec.mlflow.final_sync_wait_s
+        self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
+        self.writer = training.run.writer
+        self.say = writer_log(self.name, self.writer)
+        self.tracker = self._open_tracker(events) if self.writer else NullTracker()
+        if self.history:  # a resumed run's epochs, back in the plot DVC removed before the stage
+            self._write_history()
+
+    def _open_tracker(self, events: Path | None) -> Tracker | Relay:
+        """The MLflow run (a resumed run continues the same one), its system metrics started:
+        handed to the stage's publisher where the launcher started one (`events`), else kept
+        in this process."""
+        run, ctx = self.training.run, self.ctx
+        gpus = ctx.physical_gpus(run.devices)  # the run's, not every GPU it could see
+        tags = {
+            **base_tags(),
+            "strategy": self.name,
+            "world_size": str(ctx.world_size),
+            "backend": ctx.backend if ctx.world_size > 1 else "none",
+            "devices": ",".join(run.devices),
+            "gpus": ",".join(gpus.values()) or "cpu",
+            "batch_split": "+".join(map(str, run.batch_split)),
+            "dvc_stage": f"train@{self.name}",
+            "parallel_lab_fingerprint": self.key,  # what results/<strategy>/summary.json calls it
+            # the speed options as they applied (build.speed_features), for MLflow's filters
+            **{f"speed.{k}": _tag(v) for k, v in self.training.features.items()},
+            # MLflow's run description: what the comparison must be read with
+            "mlflow.note.content": "\n".join(self.notes),
+            **gpu_tags(gpus),
+        }
+        spec = self.spec
+        params: dict[str, Any] = {
+            **spec.params,  # what it ran with: no other strategy's section
+            "strategy": self.name,
+            "world_size": ctx.world_size,
+            "effective_lr": effective_lr(spec.train),
+            **run.params,
+        }
+        # a run resumed at its end trains nothing: no samples of it in the finished run
+        trains = len(self.history) < self.epochs
+        opening = Opening(
+            new_record(self.key, spec.mlflow.experiment, self.name, tags, params),
+            self.fresh,
+            list(self.history),
+            spec.report.system_metrics_interval_s if trains else None,
+            gpu_uuids(gpus),
+        )
+        for note in self.notes:
+            self.say(f"note: {note}")
+        record_path = CHECKPOINTS / self.name / RUN_RECORD
+        if events is not None:
+            return Relay(events, record_path, opening)
+        return open_tracker(record_path, opening)
+
+    def epoch_done(self, row: EpochRow) -> None:
+        """`row` is in the history already (a checkpoint may have saved it): history.csv,
+        publish, log."""
+        self._write_history()
+        self.tracker.publish_soon(self.history)
+        if self.writer:
+            print(
+                f"train[{self.name}] epoch {row.epoch}/{self.epochs}: loss {row.train_loss:.4f} "
+                f"train_acc {row.train_acc:.4f} test_acc {row.test_acc:.4f} "
+                f"{row.epoch_seconds:.2f}s {row.samples_per_s:.0f} samples/s"
+                + (" (warm-up)" if row.warmup else "")
+                + (f" (resumed at step {row.resumed_at_step})" if row.resumed_at_step else ""),
+                flush=True,
+            )
+
+    def _write_history(self) -> None:
+        """results/<strategy>/history.csv with the epochs so far, atomically: `dvc plots` may
+        read it at any moment. The end of the run writes it once more, with the rest."""
+        if self.writer:
+            out_dir = RESULTS / self.name
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(out_dir / HISTORY, history_csv(self.history))
+
+    def stopped(self) -> None:
+        """A SIGTERM checkpoint: the epochs so far go to MLflow, the run marked killed."""
+        self.tracker.publish(self.history, status=KILLED)
+
+    def failed(self) -> None:
+        """An error: whatever epochs finished still reach MLflow."""
+        self.tracker.publish(self.history, status=FAILED)
+
+    def finish(self, state: dict[str, Any], stopping: Callable[[], bool]) -> RunSummary:
+        """results/<strategy>/ from the full model's `state`, the run's final MLflow push;
+        `stopping` says a SIGTERM arrived: the push then makes one attempt, no wait."""
+        summary = self.summary()
+        if self.writer:
+            summary.fingerprint = self.key
+            out_dir = RESULTS / self.name
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_results(out_dir, state, self.history, summary, self.config_yaml)
+            mark("results written")
+            self.tracker.publish(
+                self.history,
+                [out_dir / name for name in ARTIFACTS],
+                status=FINISHED,
+                wait_s=self.final_wait_s,
+                give_up=stopping,
+            )
+        return summary
+
+    def close(self) -> None:
+        self.tracker.close()
+
+    def summary(self) -> RunSummary:
+        history, run = self.history, self.training.run
+        last = history[-1]
+        return RunSummary(
+            strategy=self.name,
+            world_size=self.ctx.world_size,
+            devices=run.devices,
+            batch_split=run.batch_split,
+            epochs=len(history),
+            test_acc=last.test_acc,
+            best_test_acc=max(r.test_acc for r in history),
+            test_loss=last.test_loss,
+            train_loss=last.train_loss,
+            epoch_seconds=last.epoch_seconds,
+            samples_per_s=last.samples_per_s,
+            total_seconds=last.wall_seconds,
+            # steady figures leave out every warm-up epoch (results.steady_rows), and a split
+            # one always; where none is left they are None, speed_note saying why
+            **speed_figures(history),
+            speed_features=dict(self.training.features),
+            memory=memory.run_summary([r.memory for r in history]),
+            notes=list(self.notes),
+        )

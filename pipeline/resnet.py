@@ -1,0 +1,86 @@
+"""The ResNet-18 of the source notes (d2l's variant for 28x28 Fashion-MNIST), and the facts
+about it the strategies use: they import these, never restate them.
+
+Differences from torchvision's ResNet-18: a 3x3 stride-1 stem and no max-pool (the images are
+small), one input channel, and a 1x1 convolution without BatchNorm on the shortcut when the
+shape changes. The network is a flat `nn.Sequential` of six blocks (stem, four residual
+stages, head) so strategies can shard or split it at block boundaries.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+INPUT_SHAPE = (1, 28, 28)  # one normalised image (pipeline.data.device_data.normalize)
+NUM_CLASSES = 10
+# The blocks of `resnet18`, by index: the stem, the four residual stages, the head.
+STEM = 0
+RESIDUAL_STAGES = range(1, 5)
+HEAD = 5
+BLOCKS = 6
+
+
+class Residual(nn.Module):
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1)
+        self.bn1 = nn.BatchNorm2d(out_ch)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(out_ch)
+        needs_projection = stride != 1 or in_ch != out_ch
+        self.shortcut = nn.Conv2d(in_ch, out_ch, 1, stride=stride) if needs_projection else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        skip = x if self.shortcut is None else self.shortcut(x)
+        return torch.relu(y + skip)
+
+
+def residual_stage(in_ch: int, out_ch: int, downsample: bool) -> nn.Sequential:
+    stride = 2 if downsample else 1
+    return nn.Sequential(Residual(in_ch, out_ch, stride), Residual(out_ch, out_ch))
+
+
+def resnet18(
+    width: int = 64, num_classes: int = NUM_CLASSES, in_channels: int = INPUT_SHAPE[0]
+) -> nn.Sequential:
+    w = width
+    return nn.Sequential(
+        nn.Sequential(
+            nn.Conv2d(in_channels, w, 3, stride=1, padding=1), nn.BatchNorm2d(w), nn.ReLU()
+        ),
+        residual_stage(w, w, downsample=False),
+        residual_stage(w, 2 * w, downsample=True),
+        residual_stage(2 * w, 4 * w, downsample=True),
+        residual_stage(4 * w, 8 * w, downsample=True),
+        nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, num_classes)),
+    )
+
+
+def build_model(width: int, seed: int) -> nn.Sequential:
+    """The same initial weights for every strategy and rank: seeded, built on the CPU."""
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return resnet18(width)
+    finally:
+        torch.random.set_rng_state(generator_state)
+
+
+def block_flops(model: nn.Sequential) -> list[int]:
+    """Forward FLOPs of each block for one image. Counted on a meta copy: nothing is computed
+    and the model's BatchNorm statistics do not move."""
+    # imported here: only pipeline_parallel's split counts FLOPs, and every run imports this
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.empty(1, *INPUT_SHAPE, device="meta")
+    flops = []
+    for block in copy.deepcopy(model).to(device="meta", dtype=torch.float32):
+        with FlopCounterMode(display=False) as counter:
+            x = block(x)
+        flops.append(counter.get_total_flops())
+    return flops

@@ -1,0 +1,1 @@
+../../../pipeline/tracking/final_model.py

@@ -1,1 +1,0 @@
-../../../pipeline/training/__init__.py

@@ -1,1 +1,0 @@
-../../../pipeline/training/final_model.py

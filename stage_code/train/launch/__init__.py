@@ -1,0 +1,1 @@
+../../../pipeline/launch/__init__.py

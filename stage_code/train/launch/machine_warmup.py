@@ -1,0 +1,1 @@
+../../../pipeline/launch/machine_warmup.py

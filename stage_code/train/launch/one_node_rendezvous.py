@@ -1,0 +1,1 @@
+../../../pipeline/launch/one_node_rendezvous.py

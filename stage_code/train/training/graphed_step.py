@@ -1,1 +1,0 @@
-../../../pipeline/training/graphed_step.py

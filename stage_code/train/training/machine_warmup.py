@@ -1,1 +1,0 @@
-../../../pipeline/training/machine_warmup.py

@@ -1,1 +1,0 @@
-../../../pipeline/training/one_node_rendezvous.py

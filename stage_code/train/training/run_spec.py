@@ -1,1 +1,0 @@
-../../../pipeline/training/run_spec.py
