@@ -22,6 +22,7 @@ from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
 from pipeline.reporting.report import write_report
+from pipeline.results import read_predictions
 from pipeline.tracking.mlflow_run import ModelSource
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
@@ -34,7 +35,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     # report would quietly lose its MLflow links
     check_tracking_uri(tracking_uri())
     model_of = final_models() if cfg.mlflow.log_model else None
-    print(write_report(cfg.strategies, cfg.report, cfg.mlflow, model_of), end="")
+    predicted = read_predictions()
+    print(write_report(cfg.strategies, cfg.report, cfg.mlflow, model_of, predicted), end="")
 
 
 def final_models() -> Callable[[Path], ModelSource]:

@@ -1,7 +1,8 @@
 """A first result in minutes on any machine: every strategy on a Fashion-MNIST subset at a
 small width, the report and the MLflow runs to compare, as `dvc repro` would make them.
 
-Runs the fetch stage, the train stage of every strategy in `strategies` and the compare stage
+Runs the fetch stage, the train stage of every strategy in `strategies`, the predict stage
+(each strategy on N devices, predicted) and the compare stage
 with params.yaml's `quick` overrides on top (a subset, a small width, few epochs: edit them
 there), then pushes the runs to MLflow. It leaves params.yaml as it is: `dvc repro` (or
 `make run`, `docker compose up`) runs the full experiment, and retrains from scratch rather
@@ -60,7 +61,7 @@ def stages(strategies: list[str], log_model: bool) -> list[tuple[list[str], Stag
     client, store and model logging that the writers and the publish step use."""
     import mlflow.entities  # noqa: F401
 
-    from pipeline import compare, fetch, publish, train
+    from pipeline import compare, fetch, predict, publish, train
     from pipeline.tracking import preload
 
     preload.client_code(tracking_uri())
@@ -69,6 +70,7 @@ def stages(strategies: list[str], log_model: bool) -> list[tuple[list[str], Stag
     return [
         (["pipeline.fetch"], fetch.main),
         *((["pipeline.train", name], train.main) for name in strategies),
+        (["pipeline.predict"], predict.main),
         (["pipeline.compare"], compare.main),
         (["pipeline.publish"], publish.main),
     ]

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from pipeline.errors import UserError, first_line
 from pipeline.files import atomic_write
 
@@ -360,6 +362,38 @@ def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
             f"{path}: not a run summary of this project ({first_line(err)}); "
             f"{RERUN.format(strategy=strategy)}"
         ) from None
+
+
+# the predict stage's document (pipeline/predict.py); the compare stage shows it
+PREDICTIONS = Path("predictions") / "predicted.json"
+PREDICTED = "predicted"  # its "kind": every figure in it is a prediction
+
+
+def read_predictions(path: Path = PREDICTIONS) -> Optional[dict[str, Any]]:
+    """The predict stage's document, where it has run; None otherwise. One that is not its
+    document is bad input, named."""
+    again = "run python -m pipeline.predict again"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        why = first_line(err)
+        raise UserError(f"{path}: not the predict stage's output ({why}); {again}") from None
+    if not isinstance(data, dict) or data.get("kind") != PREDICTED:
+        why = 'no "kind": "predicted"'
+        raise UserError(f"{path}: not the predict stage's output ({why}); {again}")
+    return data
+
+
+def read_config(strategy: str, results: Path = RESULTS) -> dict[str, Any]:
+    """The configuration a run recorded (config.yaml), as plain data; {} where it is missing
+    or not a mapping (what reads it only matches settings, and matches none then)."""
+    try:
+        data = yaml.safe_load((results / strategy / CONFIG).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:

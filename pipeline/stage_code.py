@@ -3,9 +3,9 @@ parts of dvc.yaml the strategy registry decides, generated from the imports so t
 drift (tests/unit/test_layout.py runs --check and checks the links against what each stage
 really imports).
 
-    stage_code/<stage>/      fetch, train, compare: links to every module of the project the
-                             stage's command imports, directly or not (for train, what every
-                             strategy runs), laid out as under pipeline/
+    stage_code/<stage>/      fetch, train, predict, compare: links to every module of the
+                             project the stage's command imports, directly or not (for train,
+                             what every strategy runs), laid out as under pipeline/
     stage_code/<strategy>/   links to the strategy's own modules: those its module imports,
                              directly or not, that stage_code/train does not have.
                              train@<strategy> depends on both directories, so an edit to
@@ -37,7 +37,12 @@ PROJECT = "pipeline"
 PACKAGE = "pipeline.strategies"
 # each stage's command module (dvc.yaml `cmd: python -m ...`); the train stage's strategy
 # modules are imported by name (strategies.get), so they are each strategy's own directory
-COMMANDS = {"fetch": "pipeline.fetch", "train": "pipeline.train", "compare": "pipeline.compare"}
+COMMANDS = {
+    "fetch": "pipeline.fetch",
+    "train": "pipeline.train",
+    "predict": "pipeline.predict",
+    "compare": "pipeline.compare",
+}
 LINKS = ROOT / "stage_code"
 DVC_YAML = ROOT / "dvc.yaml"
 # the per-strategy charts' columns: `reports/<file>.csv: [single, dp, ...]`

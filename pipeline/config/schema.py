@@ -273,6 +273,21 @@ class ReportConfig:
 
 
 @dataclass
+class PredictConfig:
+    """`predict`: the predict stage: each strategy's epoch on N devices like this machine's,
+    predicted (pipeline/scaling): its rank's step measured here by the strategy's own code at
+    world size N, its communication modelled over `link`."""
+
+    gpus: list[int] = field(default_factory=lambda: [2, 4, 8], metadata={"nonempty": True})
+    """The device counts N to predict for, each at least 2."""
+    link: str = "auto"
+    """The link between the devices: nvlink-h100 | pcie | ib-ndr | ethernet-100g (nccl-tests
+    bus bandwidths), a number in GB/s, or the path of an nccl-tests all_reduce_perf output;
+    auto = gloo between processes on this machine, measured, on a CPU, and nvlink-h100 on a
+    GPU."""
+
+
+@dataclass
 class MlflowConfig:
     """`mlflow`: where the runs are tracked."""
 
@@ -334,6 +349,8 @@ class Config:
     """Multi-node launch."""
     report: ReportConfig = field(default_factory=ReportConfig)
     """The report and the system metrics."""
+    predict: PredictConfig = field(default_factory=PredictConfig)
+    """The N-device predictions."""
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     """Where the runs are tracked."""
     quick: list[str] = field(default_factory=list)

@@ -92,6 +92,11 @@ def _check_cross_fields(cfg: Config) -> None:
             f"dist.min_nnodes: got {cfg.dist.min_nnodes}, expected at most "
             f"dist.nnodes ({cfg.dist.nnodes})"
         )
+    for n in cfg.predict.gpus:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise ConfigError(
+                f"predict.gpus: got {cfg.predict.gpus}, expected device counts of 2 or more"
+            )
     for name, digest in cfg.data.md5.items():
         if len(digest) != 32 or any(c not in "0123456789abcdef" for c in digest.lower()):
             raise ConfigError(f"data.md5.{name}: got {digest!r}, expected 32 hex digits")

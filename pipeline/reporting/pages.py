@@ -21,6 +21,15 @@ TITLE = "parallel-lab: which strategy for this hardware"
 UNREACHABLE = "not grouped in MLflow: it was unreachable (`python -m pipeline.compare` again later)"
 
 
+# Where a section of another stage's goes (the predictions): before the notes, in both pages
+APPENDIX = "<!-- appendix -->"
+
+
+def with_appendix(page: str, section: str) -> str:
+    """`page` with `section` in its appendix's place (nothing there: the marker goes)."""
+    return page.replace(APPENDIX + "\n", section + "\n" if section else "", 1)
+
+
 def markdown_page(
     rows: list[Row],
     target: float | None,
@@ -46,7 +55,9 @@ def markdown_page(
         _memory_legend(rows) + "\n",
     ]
     parts += [f"![{name}]({name})\n" for name in PLOTS]
-    parts += ["## Notes\n"] + [f"- {r['strategy']}: {n}" for r in rows for n in r["notes"]]
+    parts += [APPENDIX, "## Notes\n"] + [
+        f"- {r['strategy']}: {n}" for r in rows for n in r["notes"]
+    ]
     return "\n".join(parts) + "\n"
 
 
@@ -107,6 +118,7 @@ section.answer code {{ background: #e8eef6; padding: 0 3px; border-radius: 3px; 
 {device_table.html_table(rows)}
 <p class="legend">{html.escape(_memory_legend(rows))}</p>
 {images}
+{APPENDIX}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>
 """

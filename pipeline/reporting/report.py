@@ -21,15 +21,17 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import MlflowConfig, ReportConfig
 from pipeline.files import atomic_write
 from pipeline.reporting import answer, table
-from pipeline.reporting.pages import html_page, markdown_page
+from pipeline.reporting import predicted as predicted_section
+from pipeline.reporting.pages import html_page, markdown_page, with_appendix
 from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.reporting.speed_noise import speedup_within_noise
 from pipeline.reporting.table import Row
-from pipeline.results import read_history, read_summary
+from pipeline.results import read_config, read_history, read_summary
 from pipeline.strategies import NAMES, check_names
 from pipeline.tracking.comparison_run import (
     RECOMMENDED,
@@ -72,11 +74,14 @@ def write_report(
     report: ReportConfig,
     mlflow_options: MlflowConfig,
     model_of: Callable[[Path], ModelSource] | None = None,
+    predicted: dict[str, Any] | None = None,
 ) -> str:
     """Write reports/ for the strategies `names`, group their runs in MLflow, log their final
     models (`model_of` results/<strategy>/, where given) and register the recommended
-    strategies'; returns what the stage prints: the answer and a table
-    that fit a terminal (table.TEXT_WIDTH), and where the report and the MLflow page are."""
+    strategies'; `predicted`: the predict stage's document, shown as its own section and
+    logged to the comparison run under names that say so. Returns what the stage prints:
+    the answer and a table that fit a terminal (table.TEXT_WIDTH), and where the report and
+    the MLflow page are."""
     check_names(names)
     target = report.target_accuracy
     results = [read_summary(name) for name in names]
@@ -115,9 +120,18 @@ def write_report(
     # the URL alone, to open or script with (`xdg-open $(cat reports/mlflow_url.txt)`)
     atomic_write(REPORTS / MLFLOW_URL, (mlflow.url if mlflow else unreachable) + "\n")
     write_plots(rows, histories, target, REPORTS)
-    atomic_write(REPORTS / "summary.md", markdown_page(rows, target, mlflow, answered, registered))
+    md, page = "", ""
+    if predicted is not None:
+        configs = {name: read_config(name) for name in names}
+        md = predicted_section.markdown(predicted, rows, configs)
+        page = predicted_section.html_section(predicted, rows, configs)
     atomic_write(
-        REPORTS / "index.html", html_page(rows, target, mlflow, REPORTS, answered, registered)
+        REPORTS / "summary.md",
+        with_appendix(markdown_page(rows, target, mlflow, answered, registered), md),
+    )
+    atomic_write(
+        REPORTS / "index.html",
+        with_appendix(html_page(rows, target, mlflow, REPORTS, answered, registered), page),
     )
 
     if mlflow is not None:
@@ -126,6 +140,7 @@ def write_report(
             {r["mlflow_run_id"]: child_metrics(r) for r in rows if r["mlflow_run_id"]},
             [REPORTS / name for name in REPORT_FILES],
             {r["mlflow_run_id"]: child_tags(r) for r in rows if r["mlflow_run_id"]},
+            predicted_section.mlflow_metrics(predicted) if predicted else {},
         )
     # the link is hundreds of characters long: its file and the page hold it, not the terminal
     mlflow_line = (

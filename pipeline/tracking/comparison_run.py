@@ -89,11 +89,12 @@ def close_comparison(
     children: dict[str, dict[str, float]],
     artifacts: list[Path],
     child_tags: dict[str, dict[str, str]] | None = None,
+    own_metrics: dict[str, float] | None = None,
 ) -> None:
     """Nest each strategy run under the parent (the `mlflow.parentRunId` tag the UI reads),
     log the comparison's figures into it (those that changed) and its `child_tags` (e.g.
-    `speed_note`: why a figure is absent), attach the report to the parent, finish it, and
-    delete the parents left without runs."""
+    `speed_note`: why a figure is absent) and `own_metrics` into the parent, attach the
+    report to the parent, finish it, and delete the parents left without runs."""
     import time
 
     from mlflow.entities import Metric, RunTag
@@ -117,6 +118,10 @@ def close_comparison(
                 flush=True,
             )
     try:
+        if own_metrics:  # the comparison's own figures: the predictions, named as such
+            client.log_batch(
+                parent_id, metrics=[Metric(k, float(v), stamp, 0) for k, v in own_metrics.items()]
+            )
         for path in artifacts:
             client.log_artifact(parent_id, str(path), artifact_path="report")
         client.set_terminated(parent_id, "FINISHED")

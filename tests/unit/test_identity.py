@@ -38,6 +38,7 @@ NOT_SHAPING = (
     "dist.",
     "mlflow.",
     "report.",
+    "predict.",
     "quick",
 )
 

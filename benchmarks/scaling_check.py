@@ -1,0 +1,140 @@
+"""The N-device prediction checked where a real run exists: on this machine, each of ddp, fsdp
+and pipeline_parallel predicted at 2 processes (pipeline.scaling: its rank's step measured
+under the fake process group at world size 2, its communication over gloo as measured here
+between 2 processes), then run for real as 2 processes by its train stage, and the two steps
+compared (issue 48, goal 3).
+
+    python -m benchmarks.scaling_check              # 3 rounds
+    python -m benchmarks.scaling_check --runs 1 --set model.width=8
+
+Each round measures the gloo link, predicts each strategy, and runs its stage in a project
+copy (synthetic Fashion-MNIST-shaped data), the rows taking turns. The measured step is the
+stage's steady epoch seconds over its steps per epoch (training only, as the prediction). The
+JSON (benchmarks/results/<machine>-scaling-check-<date>.json unless --out) holds every round,
+the medians, and each strategy's error: predicted / measured - 1. Goal: within 25% each.
+single's row checks the baseline every speedup divides by: its profile at world size 1
+against its own stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bench import machine, write_result
+from benchmarks.e2e import fetched_copy, result_head
+from pipeline.config import load_config
+from pipeline.data.synthetic import write_synthetic
+from pipeline.run_spec import resolve_run
+from pipeline.scaling.gloo_link import measure_gloo_link
+from pipeline.scaling.prediction import predict
+from pipeline.scaling.profile import measure_rank
+
+# single: its profile (world size 1) is every speedup's baseline, checked like the others
+STRATEGIES = ("single", "ddp", "fsdp", "pipeline_parallel")
+WORLD = 2
+GOAL = 0.25
+SETTINGS = [
+    "model.width=16",
+    "train.batch_size=128",
+    "train.epochs=3",
+    "data.limit_train=2560",  # 20 steps an epoch
+    "data.limit_test=256",
+    "ddp.nproc=2",
+    "fsdp.nproc=2",
+    "pipeline_parallel.nproc=2",
+    "pipeline_parallel.stages=2",
+]
+TRAIN, TEST = 2560, 256
+
+
+def measured_step(project: Path, env: dict, name: str, overrides: list[str], world: int) -> float:
+    """A fresh run of `name`'s train stage: its steady epoch seconds over its steps."""
+    for kept in ("results", "checkpoints"):
+        shutil.rmtree(project / kept / name, ignore_errors=True)
+    command = [sys.executable, "-m", "pipeline.train", name, *overrides]
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"scaling_check: {name} failed:\n{done.stdout}\n{done.stderr}")
+    summary = json.loads((project / "results" / name / "summary.json").read_text())
+    history = (project / "results" / name / "history.csv").read_text().splitlines()
+    assert len(history) > 1
+    cfg = load_config(project / "params.yaml", overrides)
+    steps = resolve_run(cfg, name).job_plan(world, TRAIN).steps
+    return float(summary["steady_epoch_seconds"]) / steps
+
+
+def one_round(project: Path, env: dict, overrides: list[str]) -> dict[str, Any]:
+    cfg = load_config(project / "params.yaml", overrides)
+    device = torch.device("cpu")
+    single = resolve_run(cfg, "single")
+    baseline = measure_rank(single, 1, device).step_s
+    ddp_bytes = max(
+        c.size for c in measure_rank(resolve_run(cfg, "ddp"), WORLD, device).traffic.calls
+    )
+    link = measure_gloo_link(ddp_bytes, WORLD)
+    rows = {}
+    for name in STRATEGIES:
+        p = predict(resolve_run(cfg, name), WORLD, link, device, TRAIN, baseline)
+        real = measured_step(project, env, name, overrides, p.devices)
+        rows[name] = {**p.to_json(), "measured_step_s": real, "error": p.step.step_s / real - 1}
+        print(
+            f"scaling_check: {name}: predicted {p.step.step_s * 1000:.1f} ms a step, "
+            f"measured {real * 1000:.1f} ms ({rows[name]['error']:+.0%})",
+            flush=True,
+        )
+    return {
+        "link": {"busbw_GBps": link.busbw / 1e9, "latency_us": link.latency_s * 1e6},
+        "single_step_s": baseline,
+        "strategies": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--set", nargs="*", default=[], help="more key=value settings")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    overrides = [*SETTINGS, *args.set]
+    label, info = machine(torch.device("cpu"))
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="parallel-lab-scaling-") as tmp:
+        mirror = Path(tmp) / "mirror"
+        write_synthetic(mirror, TRAIN, TEST)
+        project, env = fetched_copy(Path.cwd(), Path(tmp) / "project", mirror)
+        rounds = [one_round(project, env, overrides) for _ in range(args.runs)]
+    median = {
+        name: {
+            what: statistics.median(r["strategies"][name][what] for r in rounds)
+            for what in ("predicted_step_s", "measured_step_s")
+        }
+        for name in STRATEGIES
+    }
+    for m in median.values():
+        m["error"] = m["predicted_step_s"] / m["measured_step_s"] - 1
+        m["within_goal"] = abs(m["error"]) <= GOAL
+    result = {
+        **result_head(label, info, load_before, {"runs": args.runs, "overrides": overrides}),
+        "world_size": WORLD,
+        "goal": f"|predicted / measured - 1| <= {GOAL:.0%} per strategy",
+        "rounds": rounds,
+        "median": median,
+    }
+    path = write_result(result, "scaling-check", args.out)
+    print(f"scaling_check: wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Each strategy's epoch on N devices, predicted: its rank's step measured here at world size
+N (profile.py), its communication over `link` (step_time.py), and the epoch its batch plan
+makes of that step. The baseline of every speedup is single's step on one device, measured
+the same way in the same sitting.
+
+Not predicted (`NOT_PREDICTED`): dp and balanced_dp, whose one process drives every GPU
+through threads (scatter, replicate, gather, and Python's lock between the replicas); their
+time at N would need a model no run here can check (on a CPU DataParallel runs unsplit)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipeline.errors import UserError
+from pipeline.run_spec import RunSpec
+from pipeline.scaling.links import Link
+from pipeline.scaling.profile import RankProfile, measure_rank, measure_stages
+from pipeline.scaling.step_time import StepPrediction, data_parallel_step, pipeline_step
+
+NOT_PREDICTED = {
+    "dp": "not predicted: DataParallel's threads (scatter, replicate, gather) are not modelled",
+    "balanced_dp": "not predicted: DataParallel's threads (scatter, replicate, gather) are "
+    "not modelled",
+}
+# what the predict stage measures (dvc.yaml's predict deps name their stage_code/ folders)
+PREDICTED = ("single", "ddp", "fsdp", "pipeline_parallel")
+# A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
+# about two thirds of a step's computation (a backward costs about twice its forward).
+BACKWARD_SHARE = 2 / 3
+# What no prediction here holds; shown beside every one.
+LEAVES_OUT = (
+    "NCCL's own buffers and the CUDA context",
+    "kernels slowed by communication running beside them",
+    "what N processes do to each other's memory bandwidth and caches",
+    "the data loader's and the stop vote's collectives",
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    asked: int  # the N the user asked about
+    devices: int  # how many of them the strategy uses (single 1, a pipeline its stages)
+    step: StepPrediction
+    steps_per_epoch: int
+    epoch_s: float
+    samples_per_s: float
+    speedup: float  # over single's step on one device, measured in the same sitting
+    efficiency: float  # speedup / devices
+    per_rank_batch: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "devices_asked": self.asked,
+            "devices_used": self.devices,
+            "predicted_step_s": self.step.step_s,
+            "predicted_epoch_s": self.epoch_s,
+            "predicted_samples_per_s": self.samples_per_s,
+            "predicted_speedup": self.speedup,
+            "predicted_efficiency": self.efficiency,
+            "compute_s": self.step.compute_s,
+            "communication_s": self.step.comm_s,
+            "exposed_communication_s": self.step.exposed_s,
+            "bubble_s": self.step.bubble_s,
+            "per_rank_batch": self.per_rank_batch,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+
+def predict_step(
+    spec: RunSpec[Any], n: int, link: Link, device: torch.device
+) -> tuple[int, StepPrediction, int]:
+    """(devices used, the step predicted, the per-rank batch) of `spec` asked to run on n."""
+    overlaps = device.type == "cuda"
+    if spec.name == "pipeline_parallel":
+        stages = spec.options.stages
+        if n < stages:
+            raise UserError(
+                f"pipeline_parallel.stages: got {stages}, but the prediction is for {n} "
+                f"devices; expected at most {n} (one stage per device)"
+            )
+        s = measure_stages(spec, device)
+        step = pipeline_step(
+            s.stage_s,
+            s.boundary_bytes,
+            spec.options.microbatches,
+            spec.plan.grad_accum,
+            s.optimizer_s,
+            link,
+        )
+        return stages, step, spec.plan.micro
+    world = 1 if spec.name == "single" else n
+    profile: RankProfile = measure_rank(spec, world, device)
+    sharded = spec.facts.sharded_parameters
+    window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
+    step = data_parallel_step(profile.step_s, window, profile.traffic, world, link, overlaps)
+    return world, step, profile.per_rank_batch
+
+
+def predict(
+    spec: RunSpec[Any], n: int, link: Link, device: torch.device, n_train: int, baseline_s: float
+) -> Prediction:
+    """`spec`'s epoch of `n_train` samples on n devices; `baseline_s`: single's step on one."""
+    devices, step, per_rank = predict_step(spec, n, link, device)
+    plan = spec.job_plan(devices, n_train)
+    epoch_s = plan.steps * step.step_s
+    speedup = baseline_s / step.step_s
+    return Prediction(
+        strategy=spec.name,
+        asked=n,
+        devices=devices,
+        step=step,
+        steps_per_epoch=plan.steps,
+        epoch_s=epoch_s,
+        samples_per_s=plan.samples_per_epoch / epoch_s,
+        speedup=speedup,
+        efficiency=speedup / devices,
+        per_rank_batch=per_rank,
+    )

@@ -1,0 +1,265 @@
+"""What one rank of a world of N computes, measured on this device by the strategy's own code.
+
+ddp and fsdp run as rank 0 of N under torch's fake process group (`fake_world`): the
+strategy parallelises the model for N ranks (FSDP shards its parameters N ways, each rank's
+share of the batch is B/N), every collective returns at once, and the loop's own step
+(`training.loop.eager_step`) is timed. What the rank would send is read off the real calls as
+they pass (`SentLog`): FSDP's all-gathers and reduce-scatters through the dispatcher, DDP's
+gradient buckets through a communication hook that stands in for its all-reduce.
+
+A pipeline stage's rank cannot run alone (its schedule waits for its neighbours), so
+pipeline_parallel is measured block by block: the plain model split where the strategy splits
+it (`split_points` of `block_flops`), each stage's forward and backward of one pipeline
+micro-batch timed on this device, and the activations it would send weighed.
+
+On a CPU each rank gets the share of the cores the launcher gives it (OMP_NUM_THREADS =
+cores / N), with the others idle: what N processes do to each other's memory bandwidth is
+not measured (docs/scaling.md says what that leaves out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from pipeline.context import DistContext
+from pipeline.data.device_data import to_device
+from pipeline.data.synthetic import synthetic_split
+from pipeline.numerics.build import Training, build_training
+from pipeline.numerics.optim import make_optimizer
+from pipeline.numerics.precision import build_precision
+from pipeline.resnet import block_flops, build_model
+from pipeline.run_spec import RunSpec
+from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Call, Traffic
+from pipeline.strategies.pipeline_parallel import split_points
+from pipeline.training.loop import eager_step
+
+# Not timed: allocator growth, cuDNN's and oneDNN's choices, the first bucket rebuild, and a
+# process's first seconds of torch (3 steps were not enough: a first profile on 2 CPU cores
+# once timed 3x the next).
+WARM_STEPS = 3
+WARM_S = 1.0  # and at least this long
+BLOCKS, BLOCK_STEPS, BLOCK_S = 3, 3, 0.7  # timed: the median of 3 blocks' mean step
+
+# c10d ops by name -> the collective they are; the message is their largest tensor
+COLLECTIVES = {
+    "allgather": ALL_GATHER,
+    "reduce_scatter": REDUCE_SCATTER,
+    "allreduce": ALL_REDUCE,
+    "send": SEND,
+}
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    strategy: str
+    world_size: int
+    per_rank_batch: int
+    step_s: float  # the median optimizer step of rank 0, its communication removed
+    traffic: Traffic  # what that step would have sent
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    stages: int
+    micro_batch: int  # one pipeline micro-batch
+    stage_s: list[float]  # forward and backward of one micro-batch, per stage
+    boundary_bytes: list[int]  # the activations stage i sends to stage i+1
+    optimizer_s: float  # the largest stage's optimizer step
+
+
+class SentLog(TorchDispatchMode):
+    """Every collective that passes the dispatcher while it is on, as (kind, bytes)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        if name.startswith("c10d."):
+            kind = next((k for op, k in COLLECTIVES.items() if op in name), None)
+            if kind is not None:
+                sizes = [
+                    t.numel() * t.element_size()
+                    for t in tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)
+                ]
+                self.calls.append(Call(kind, max(sizes, default=0), from_fsdp()))
+        return func(*args, **(kwargs or {}))
+
+
+def from_fsdp() -> bool:
+    """Whether the collective being dispatched is FSDP's own (its gathers are prefetched and
+    its reduce-scatters run behind the backward), not one inside a layer."""
+    return any(f"{os.sep}fsdp{os.sep}" in frame.filename for frame in traceback.extract_stack())
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, device: torch.device) -> Iterator[DistContext]:
+    """Rank 0 of `world_size` under the fake process group, with the cores such a rank gets."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        gpus = (str(device.index or 0),) if device.type == "cuda" else ()
+        yield DistContext(rank=0, local_rank=0, world_size=world_size, gpus=gpus)
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def synthetic_data(n_train: int, device: torch.device) -> Any:
+    images, labels = synthetic_split(n_train, seed=1)
+    test_images, test_labels = synthetic_split(8, seed=2)
+    arrays = {
+        "train_images": images,
+        "train_labels": labels,
+        "test_images": test_images,
+        "test_labels": test_labels,
+    }
+    return to_device(arrays, device, None, None)
+
+
+def stand_in_for_ddp_all_reduce(training: Training, log: SentLog) -> None:
+    """DDP's reducer calls its all-reduce below the dispatcher, and the fake group's result
+    cannot complete it: a hook takes its place, noting each bucket and handing it back as
+    reduced (the mean over identical ranks is the bucket itself)."""
+    module = training.run.module
+    if not isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        return
+
+    def reduced(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        log.calls.append(Call(ALL_REDUCE, buffer.numel() * buffer.element_size()))
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    # DDP checks the hook's annotations as objects; this module's are strings (PEP 563)
+    reduced.__annotations__ = {
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
+    module.register_comm_hook(None, reduced)
+
+
+def timed(step: Callable[[], None], device: torch.device) -> float:
+    """Seconds of one call of `step`, as an epoch sees it: the mean over a block of calls
+    (at least BLOCK_STEPS, at least BLOCK_S), the median of BLOCKS blocks, after WARM_STEPS
+    untimed ones (and WARM_S). Per-call timings on a busy 2-core machine read 10 to 20%
+    above an epoch's mean; blocks do not."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    start, done = time.perf_counter(), 0
+    while done < WARM_STEPS or time.perf_counter() - start < WARM_S:
+        step()
+        done += 1
+    sync()
+    means = []
+    for _ in range(BLOCKS):
+        start, done = time.perf_counter(), 0
+        while done < BLOCK_STEPS or time.perf_counter() - start < BLOCK_S:
+            step()
+            done += 1
+        sync()
+        means.append((time.perf_counter() - start) / done)
+    return statistics.median(means)
+
+
+def measure_rank(spec: RunSpec[Any], world_size: int, device: torch.device) -> RankProfile:
+    """Rank 0 of a `world_size` job of `spec`'s data-parallel strategy, its steps timed."""
+    steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
+    with fake_world(world_size, device) as ctx:
+        torch.manual_seed(spec.seed)
+        data = synthetic_data(spec.plan.batch_size * steps, device)
+        plan = spec.job_plan(world_size, len(data.train_labels))
+        training = build_training(spec, ctx, data, plan)
+        log = SentLog()
+        stand_in_for_ddp_all_reduce(training, log)
+        training.run.module.train()
+        batches = (b for epoch in itertools.count() for b in training.loader.epoch(epoch))
+        totals = torch.zeros(3, device=device)
+
+        def step() -> None:
+            _, micro_batches = next(batches)
+            eager_step(training, micro_batches, totals)
+
+        seconds = timed(step, device)
+        # what one more step sends, read apart: the dispatcher mode sees every operator in
+        # Python, which would add a third to a small model's step on a CPU
+        log.calls.clear()
+        with log:
+            step()
+        sent = Traffic(tuple(log.calls))
+        training.run.release()
+    return RankProfile(spec.name, world_size, plan.per_rank, seconds, sent)
+
+
+def measure_stages(spec: RunSpec[Any], device: torch.device) -> StageProfile:
+    """pipeline_parallel's stages, one process each: every stage's forward and backward of one
+    pipeline micro-batch, on this device, with the cores one of `stages` processes gets."""
+    options = spec.options
+    stages, plan = options.stages, spec.plan
+    micro = plan.micro // options.microbatches
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // stages))
+    try:
+        prec = build_precision(spec.train.precision, device, [None])
+        model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
+        bounds = split_points(block_flops(model), stages)
+        images, labels = synthetic_split(micro, seed=1)
+        x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(device, prec.dtype)
+        y = torch.as_tensor(labels).long().to(device)
+        stage_s, boundary, sizes = [], [], []
+        for first, end in zip(bounds, bounds[1:]):
+            blocks = model[first:end]
+            last = end == len(model)
+            inputs = x.detach().requires_grad_(first > 0)
+
+            def fwd_bwd(
+                blocks: torch.nn.Module = blocks, inputs: torch.Tensor = inputs, last: bool = last
+            ) -> None:
+                with prec.autocast():
+                    out = blocks(inputs)
+                if last:
+                    F.cross_entropy(out.float(), y).backward()
+                else:  # the gradient the next stage sends back has the activations' shape
+                    out.backward(torch.ones_like(out))
+
+            stage_s.append(timed(fwd_bwd, device))
+            with torch.no_grad(), prec.autocast():
+                x = blocks(inputs)
+            if not last:
+                boundary.append(x.numel() * x.element_size())
+            sizes.append(sum(p.numel() for p in blocks.parameters()))
+        largest = model[bounds[sizes.index(max(sizes))] : bounds[sizes.index(max(sizes)) + 1]]
+        optimizer = make_optimizer(largest.parameters(), spec.train)
+        optimizer_s = timed(optimizer.step, device)
+    finally:
+        torch.set_num_threads(threads)
+    return StageProfile(stages, micro, stage_s, boundary, optimizer_s)
+
+
+def with_batch(spec: RunSpec[Any], batch_size: int) -> RunSpec[Any]:
+    """`spec` at another global batch (its grad_accum kept)."""
+    return replace(spec, plan=type(spec.plan).make(batch_size, spec.plan.grad_accum))

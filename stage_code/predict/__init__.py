@@ -1,0 +1,1 @@
+../../pipeline/__init__.py

@@ -1,0 +1,1 @@
+../../pipeline/batch_plan.py

@@ -1,0 +1,1 @@
+../../../pipeline/config/__init__.py

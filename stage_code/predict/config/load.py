@@ -1,0 +1,1 @@
+../../../pipeline/config/load.py

@@ -1,0 +1,1 @@
+../../../pipeline/data/__init__.py

@@ -1,0 +1,1 @@
+../../../pipeline/data/device_data.py

@@ -1,0 +1,1 @@
+../../../pipeline/data/fashion_mnist.py

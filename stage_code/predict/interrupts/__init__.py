@@ -1,0 +1,1 @@
+../../../pipeline/interrupts/__init__.py

@@ -1,0 +1,1 @@
+../../../pipeline/interrupts/faults.py

@@ -1,0 +1,1 @@
+../../../pipeline/numerics/__init__.py

@@ -1,0 +1,1 @@
+../../../pipeline/numerics/graphed_step.py

@@ -1,0 +1,1 @@
+../../../pipeline/numerics/optim.py

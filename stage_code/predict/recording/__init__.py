@@ -1,0 +1,1 @@
+../../../pipeline/recording/__init__.py

@@ -1,0 +1,1 @@
+../../../pipeline/recording/live.py

@@ -1,0 +1,1 @@
+../../pipeline/run_spec.py

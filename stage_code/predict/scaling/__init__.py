@@ -1,0 +1,1 @@
+../../../pipeline/scaling/__init__.py

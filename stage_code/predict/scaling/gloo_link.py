@@ -1,0 +1,1 @@
+../../../pipeline/scaling/gloo_link.py

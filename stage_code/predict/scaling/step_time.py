@@ -1,0 +1,1 @@
+../../../pipeline/scaling/step_time.py

@@ -1,0 +1,1 @@
+../../../pipeline/strategies/__init__.py

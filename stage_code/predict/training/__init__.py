@@ -1,0 +1,1 @@
+../../../pipeline/training/__init__.py

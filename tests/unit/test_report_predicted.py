@@ -1,0 +1,121 @@
+"""The report's "On N devices (predicted)" section (pipeline/reporting/predicted.py) and the
+compare stage's reading of the predict stage's document (results.read_predictions): every
+figure is marked predicted, and a real run on N devices at the same settings stands beside
+its prediction with the error; nothing else does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.reporting import predicted
+from pipeline.results import read_predictions
+
+SETTINGS = {"model.width": 8, "train.batch_size": 64, "train.grad_accum": 1}
+
+
+def document(device: str = "cpu") -> dict:
+    row = {
+        "strategy": "ddp",
+        "devices_used": 2,
+        "predicted_step_s": 0.1,
+        "predicted_epoch_s": 2.0,
+        "predicted_samples_per_s": 640.0,
+        "predicted_speedup": 1.5,
+        "predicted_efficiency": 0.75,
+        "exposed_communication_s": 0.02,
+        "band": 0.23,
+        "checked": "±23% on 2 CPU processes (the check)",
+    }
+    return {
+        "kind": "predicted",
+        "device": device,
+        "measured_on": "CPU processes (x86_64)",
+        "link": {"name": "gloo", "busbw_GBps": 1.5, "latency_us": 900.0, "source": "measured"},
+        "settings": {**SETTINGS, "train.precision": "fp32", "train_samples": 1280},
+        "single_step_s": 0.15,
+        "by_devices": {"2": {"ddp": row}, "4": {}},
+        "not_predicted": {"dp": "not predicted: DataParallel's threads are not modelled"},
+        "leaves_out": ["NCCL's own buffers"],
+    }
+
+
+def run_row(world: int = 2, devices: list[str] | None = None, steady: float = 2.5) -> dict:
+    return {
+        "strategy": "ddp",
+        "world_size": world,
+        "devices": devices or ["cpu"] * world,
+        "steady_epoch_s": steady,
+    }
+
+
+CONFIG = {"model": {"width": 8}, "train": {"batch_size": 64, "grad_accum": 1, "precision": "fp32"}}
+
+
+def test_a_run_on_n_devices_at_the_same_settings_checks_the_prediction():
+    checked = predicted.comparisons(document(), [run_row()], {"ddp": CONFIG})
+    assert checked == {("2", "ddp"): (2.0, 2.5)}
+    md = predicted.markdown(document(), [run_row()], {"ddp": CONFIG})
+    assert "2.50 (-20%)" in md
+
+
+@pytest.mark.parametrize(
+    "row, config",
+    [
+        (run_row(world=1), CONFIG),  # another N
+        (run_row(steady=None), CONFIG),  # no steady figure
+        (run_row(), {**CONFIG, "model": {"width": 16}}),  # other settings
+        (run_row(), {}),  # a config that could not be read
+        (run_row(devices=["cuda:0", "cuda:1"]), CONFIG),  # GPUs, not CPU processes
+    ],
+)
+def test_nothing_else_stands_beside_a_prediction(row, config):
+    assert predicted.comparisons(document(), [row], {"ddp": config}) == {}
+
+
+def test_on_gpus_n_distinct_gpus_check_it():
+    gpus = run_row(devices=["cuda:0", "cuda:1"])
+    assert predicted.comparisons(document("cuda"), [gpus], {"ddp": CONFIG}) != {}
+    shared = run_row(devices=["cuda:0", "cuda:0"])  # two ranks on one GPU: not 2 GPUs
+    assert predicted.comparisons(document("cuda"), [shared], {"ddp": CONFIG}) == {}
+
+
+def test_every_figure_of_the_section_says_predicted():
+    md = predicted.markdown(document(), [], {})
+    assert md.startswith("## On N devices (predicted)\n")
+    assert "PREDICTED, not measured" in md
+    header = next(line for line in md.splitlines() if line.startswith("| strategy"))
+    figures = header.split(" | ")[2:-1]
+    assert figures and all("(predicted)" in cell for cell in figures)
+    assert "±23%" in md and "NCCL's own buffers" in md and "dp: not predicted" in md
+    assert "On 4 devices" not in md  # nothing predicted there: no empty table
+    page = predicted.html_section(document(), [], {})
+    assert "On 2 devices (predicted)" in page and "<table>" in page
+
+
+def test_mlflow_gets_names_no_one_reads_as_a_measurement():
+    metrics = predicted.mlflow_metrics(document())
+    assert metrics == {
+        "predicted_2dev_ddp_epoch_s": 2.0,
+        "predicted_2dev_ddp_speedup": 1.5,
+        "predicted_2dev_ddp_efficiency": 0.75,
+    }
+
+
+def test_compare_reads_the_document_only_where_the_stage_ran(tmp_path):
+    path = tmp_path / "predicted.json"
+    assert read_predictions(path) is None
+    path.write_text(json.dumps(document()))
+    assert read_predictions(path) == document()
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"kind": "measured"}'])
+def test_a_document_that_is_not_the_stages_is_refused_in_one_line(tmp_path, text):
+    path = tmp_path / "predicted.json"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        read_predictions(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "pipeline.predict" in message

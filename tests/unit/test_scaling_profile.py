@@ -1,0 +1,143 @@
+"""What the N-device prediction measures of the real code (pipeline/scaling/profile.py) and
+what it writes (stage.py, the predict command): each rank's traffic is what the strategy
+really sends, the pipeline's boundaries are the model's, every figure is called predicted,
+and the error bands are the committed check's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pipeline.config import load_config
+from pipeline.resnet import block_flops, build_model
+from pipeline.run_spec import resolve_run
+from pipeline.scaling import checked, profile
+from pipeline.scaling.profile import measure_rank, measure_stages
+from pipeline.scaling.stage import predict_all, render_text
+from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from pipeline.strategies.pipeline_parallel import split_points
+from support import REPO
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def few_steps(monkeypatch):
+    """What these tests check is what the steps send and weigh, not how long they take: the
+    fewest steps the profile's timing takes."""
+    monkeypatch.setattr(profile, "WARM_S", 0.0)
+    monkeypatch.setattr(profile, "BLOCK_S", 0.0)
+
+
+TINY = ["model.width=4", "train.batch_size=32", "train.precision=fp32"]
+
+
+def spec(name: str, *more: str):
+    return resolve_run(load_config(None, [*TINY, *more]), name)
+
+
+def gradient_bytes(width: int) -> int:
+    return sum(p.numel() * p.element_size() for p in build_model(width, 0).parameters())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_ddp_rank_all_reduces_every_gradient_once_a_step(world):
+    profile = measure_rank(spec("ddp", "ddp.sync_bn=false"), world, CPU)
+    reduced = [c for c in profile.traffic.calls if c.kind == ALL_REDUCE]
+    assert sum(c.size for c in reduced) == gradient_bytes(4)
+    assert all(c.overlappable for c in reduced)
+    assert profile.per_rank_batch == 32 // world and profile.step_s > 0
+
+
+def test_sync_batchnorm_statistics_block_the_step():
+    calls = measure_rank(spec("ddp", "ddp.sync_bn=true"), 2, CPU).traffic.calls
+    blocking = [c for c in calls if not c.overlappable]
+    assert blocking and all(c.kind == ALL_GATHER for c in blocking)
+
+
+def test_an_fsdp_rank_gathers_and_scatters_what_it_shards():
+    """Each unit's parameters are gathered whole (before forward, again before backward
+    where it was freed), and its gradients reduce-scattered whole: the model's bytes, once."""
+    profile = measure_rank(spec("fsdp", "fsdp.sync_bn=false"), 2, CPU)
+    calls = profile.traffic.calls
+    scattered = sum(c.size for c in calls if c.kind == REDUCE_SCATTER)
+    gathered = sum(c.size for c in calls if c.kind == ALL_GATHER)
+    assert scattered == gradient_bytes(4)
+    assert gradient_bytes(4) < gathered <= 2 * gradient_bytes(4)
+
+
+def test_a_pipelines_stages_are_the_strategys_split_and_send_the_cut_activations():
+    run = spec(
+        "pipeline_parallel", "pipeline_parallel.stages=3", "pipeline_parallel.microbatches=2"
+    )
+    profile = measure_stages(run, CPU)
+    model = build_model(4, 0)
+    bounds = split_points(block_flops(model), 3)
+    x = torch.zeros(profile.micro_batch, 1, 28, 28)
+    sizes = []
+    for first, end in zip(bounds, bounds[1:-1]):
+        x = model[first:end](x)
+        sizes.append(x.numel() * x.element_size())
+    assert profile.micro_batch == 16 and len(profile.stage_s) == 3
+    assert profile.boundary_bytes == sizes
+    assert all(s > 0 for s in profile.stage_s) and profile.optimizer_s > 0
+
+
+def test_every_figure_of_the_document_is_a_prediction_with_its_band(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no fetched data here: an epoch of the full set
+    cores = os.cpu_count() or 1
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            "strategies=[single,dp,ddp,pipeline_parallel]",
+            f"predict.gpus=[2,{cores + 1}]",
+            "predict.link=12",
+        ],
+    )
+    result = predict_all(cfg)
+    assert result["kind"] == "predicted" and result["link"]["busbw_GBps"] == 12
+    two = result["by_devices"]["2"]
+    assert set(two) == {"ddp", "pipeline_parallel"}  # single is the baseline, dp not modelled
+    for row in two.values():
+        figures = {"step_s", "epoch_s", "samples_per_s", "speedup", "efficiency"}
+        assert {f"predicted_{f}" for f in figures} <= set(row) and not figures & set(row)
+        assert row["band"] == checked.BAND[row["strategy"]]
+        assert checked.CHECKED_BY in row["checked"]
+        assert (
+            row["steps_per_epoch"] == math.ceil(60000 / 32) or row["steps_per_epoch"] == 60000 // 32
+        )
+    assert result["by_devices"][str(cores + 1)] == {}  # more processes than cores: said why
+    assert "share its" in result["not_predicted"][f"{cores + 1} devices"]
+    assert "dp" in result["not_predicted"]
+    text = render_text(result)
+    assert text.startswith("PREDICTED, not measured")
+    assert "left out of every prediction" in text
+
+
+def test_the_bands_are_the_committed_checks_largest_errors():
+    """Rounded up to the next percent, per strategy, over every round of the check."""
+    result = json.loads((REPO / checked.CHECKED_BY).read_text())
+    for name, band in checked.BAND.items():
+        errors = [abs(r["strategies"][name]["error"]) for r in result["rounds"]]
+        assert band == math.ceil(max(errors) * 100) / 100, name
+    assert set(checked.BAND) == {"single", "ddp", "fsdp", "pipeline_parallel"}
+
+
+def test_a_bad_link_is_refused_in_one_line_naming_the_key(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.predict", "predict.link=warp-drive", *TINY],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "predict.link" in line and "nvlink-h100" in line
