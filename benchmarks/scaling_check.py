@@ -1,8 +1,8 @@
 """The N-device prediction checked where a real run exists: on this machine, each of ddp, fsdp
-and pipeline_parallel predicted at 2 processes (pipeline.scaling: its rank's step measured
-under the fake process group at world size 2, its communication over gloo as measured here
-between 2 processes), then run for real as 2 processes by its train stage, and the two steps
-compared (issue 48, goal 3).
+and pipeline_parallel predicted at 2 processes by the predict stage's own work
+(pipeline.scaling.stage: its rank's step measured under the fake process group at world size
+2, its communication over gloo as measured here between 2 processes), then run for real as 2
+processes by its train stage, and the two steps compared (issue 48, goal 3).
 
     python -m benchmarks.scaling_check              # 3 rounds
     python -m benchmarks.scaling_check --runs 1 --set model.width=8
@@ -36,9 +36,7 @@ from benchmarks.e2e import fetched_copy, result_head
 from pipeline.config import load_config
 from pipeline.data.synthetic import write_synthetic
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.gloo_link import measure_gloo_link
-from pipeline.scaling.prediction import predict
-from pipeline.scaling.profile import measure_rank
+from pipeline.scaling.stage import predict_strategy, the_link
 
 # single: its profile (world size 1) is every speedup's baseline, checked like the others
 STRATEGIES = ("single", "ddp", "fsdp", "pipeline_parallel")
@@ -75,27 +73,33 @@ def measured_step(project: Path, env: dict, name: str, overrides: list[str], wor
 
 
 def one_round(project: Path, env: dict, overrides: list[str]) -> dict[str, Any]:
-    cfg = load_config(project / "params.yaml", overrides)
+    """The predict stage's own work (pipeline.scaling.stage) for each strategy at WORLD, then
+    each strategy's train stage."""
+    cfg = load_config(project / "params.yaml", [*overrides, f"predict.gpus=[{WORLD}]"])
     device = torch.device("cpu")
-    single = resolve_run(cfg, "single")
-    baseline = measure_rank(single, 1, device).step_s
-    ddp_bytes = max(
-        c.size for c in measure_rank(resolve_run(cfg, "ddp"), WORLD, device).traffic.calls
-    )
-    link = measure_gloo_link(ddp_bytes, WORLD)
+    link = the_link(cfg, device)  # auto: gloo between 2 processes, measured here
     rows = {}
     for name in STRATEGIES:
-        p = predict(resolve_run(cfg, name), WORLD, link, device, TRAIN, baseline)
-        real = measured_step(project, env, name, overrides, p.devices)
-        rows[name] = {**p.to_json(), "measured_step_s": real, "error": p.step.step_s / real - 1}
+        doc = predict_strategy(cfg, name, device, link)
+        if name == "single":  # its step on one device: every speedup's baseline
+            predicted, devices, row = doc["baseline_step_s"], 1, {}
+        else:
+            row = doc["by_devices"][str(WORLD)]
+            predicted, devices = row["predicted_step_s"], row["devices_used"]
+        real = measured_step(project, env, name, overrides, devices)
+        rows[name] = {
+            **row,
+            "predicted_step_s": predicted,
+            "measured_step_s": real,
+            "error": predicted / real - 1,
+        }
         print(
-            f"scaling_check: {name}: predicted {p.step.step_s * 1000:.1f} ms a step, "
+            f"scaling_check: {name}: predicted {predicted * 1000:.1f} ms a step, "
             f"measured {real * 1000:.1f} ms ({rows[name]['error']:+.0%})",
             flush=True,
         )
     return {
         "link": {"busbw_GBps": link.busbw / 1e9, "latency_us": link.latency_s * 1e6},
-        "single_step_s": baseline,
         "strategies": rows,
     }
 

@@ -21,6 +21,7 @@ from typing import Optional
 from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
+from pipeline.reporting.predicted import combine
 from pipeline.reporting.report import write_report
 from pipeline.results import read_predictions
 from pipeline.tracking.mlflow_run import ModelSource
@@ -35,7 +36,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     # report would quietly lose its MLflow links
     check_tracking_uri(tracking_uri())
     model_of = final_models() if cfg.mlflow.log_model else None
-    predicted = read_predictions()
+    predicted = combine(read_predictions(cfg.strategies))
     print(write_report(cfg.strategies, cfg.report, cfg.mlflow, model_of, predicted), end="")
 
 

@@ -364,26 +364,31 @@ def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
         ) from None
 
 
-# the predict stage's document (pipeline/predict.py); the compare stage shows it
-PREDICTIONS = Path("predictions") / "predicted.json"
-PREDICTED = "predicted"  # its "kind": every figure in it is a prediction
+# the predict stages' documents, predictions/<strategy>.json (pipeline/predict.py); the
+# compare stage shows those of its strategies
+PREDICTIONS = Path("predictions")
+PREDICTED = "predicted"  # their "kind": every figure in them is a prediction
 
 
-def read_predictions(path: Path = PREDICTIONS) -> Optional[dict[str, Any]]:
-    """The predict stage's document, where it has run; None otherwise. One that is not its
-    document is bad input, named."""
-    again = "run python -m pipeline.predict again"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        why = first_line(err)
-        raise UserError(f"{path}: not the predict stage's output ({why}); {again}") from None
-    if not isinstance(data, dict) or data.get("kind") != PREDICTED:
-        why = 'no "kind": "predicted"'
-        raise UserError(f"{path}: not the predict stage's output ({why}); {again}")
-    return data
+def read_predictions(names: list[str], directory: Path = PREDICTIONS) -> dict[str, Any]:
+    """Strategy -> its predict stage's document, for those of `names` that have one. One
+    that is not such a document is bad input, named."""
+    docs = {}
+    for name in names:
+        path = directory / f"{name}.json"
+        again = f"run python -m pipeline.predict {name} again"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as err:
+            why = first_line(err)
+            raise UserError(f"{path}: not the predict stage's output ({why}); {again}") from None
+        if not isinstance(data, dict) or data.get("kind") != PREDICTED:
+            why = 'no "kind": "predicted"'
+            raise UserError(f"{path}: not the predict stage's output ({why}); {again}")
+        docs[name] = data
+    return docs
 
 
 def read_config(strategy: str, results: Path = RESULTS) -> dict[str, Any]:

@@ -1,16 +1,18 @@
-"""The report's "On N devices (predicted)" section, from the predict stage's
-predictions/predicted.json: per N, each strategy's predicted s/epoch, speedup, scaling
-efficiency and the communication it waits for, with the link assumed, the band each figure
-was checked to and what the model leaves out. Where this comparison holds a run on that many
-devices of the same kind at the same settings, the measured epoch stands beside the
-prediction, with the error: real runs check the model for everyone."""
+"""The report's "On N devices (predicted)" section, from the predict stages' documents
+(predictions/<strategy>.json, put together by `combine`): per N, each strategy's predicted
+s/epoch, speedup, scaling efficiency and the communication it waits for, with the link
+assumed, the band each figure was checked to and what the model leaves out. Where this
+comparison holds a run on that many devices of the same kind at the same settings, the
+measured epoch stands beside the prediction, with the error: real runs check the model for
+everyone."""
 
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.reporting.table import Row
+if TYPE_CHECKING:  # the predict stage shows these tables too, and runs none of table.py
+    from pipeline.reporting.table import Row
 
 # the settings a prediction was made at, as the run's config.yaml names them
 SETTINGS = ("model.width", "train.batch_size", "train.grad_accum", "train.precision")
@@ -54,31 +56,65 @@ def comparisons(
     return out
 
 
+def combine(docs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The strategies' documents as one: per N, each strategy's row with its band, and its
+    speedup over single's baseline (where single's document is among them, at the same
+    settings); None without any document."""
+    if not docs:
+        return None
+    # the others' settings and link: single's document holds only the baseline
+    first = next((d for name, d in docs.items() if name != "single"), docs.get("single"))
+    assert first is not None
+    single = docs.get("single")
+    baseline = (
+        single["baseline_step_s"]
+        if single is not None and single["settings"] == first["settings"]
+        else None
+    )
+    by_devices: dict[str, dict[str, Any]] = {}
+    for name, doc in docs.items():
+        for n, row in doc["by_devices"].items():
+            row = {**row, "band": doc["band"], "checked": doc["checked"]}
+            if baseline is not None and "predicted_step_s" in row:
+                row["predicted_speedup"] = baseline / row["predicted_step_s"]
+                row["predicted_efficiency"] = row["predicted_speedup"] / row["devices_used"]
+            by_devices.setdefault(n, {})[name] = row
+    return {
+        **{k: first[k] for k in ("measured_on", "device", "link", "settings", "leaves_out")},
+        "single_step_s": baseline,
+        "by_devices": dict(sorted(by_devices.items(), key=lambda item: int(item[0]))),
+        "not_predicted": {n: d["not_predicted"] for n, d in docs.items() if "not_predicted" in d},
+    }
+
+
 def headline(predicted: dict[str, Any]) -> str:
     link = predicted["link"]
     s = predicted["settings"]
+    base = predicted["single_step_s"]
+    baseline = (
+        f"Baseline: single on one device, {base * 1000:.1f} ms a step (measured)."
+        if base is not None
+        else "No baseline: single was not measured, so no speedups."
+    )
     return (
         f"PREDICTED, not measured: each strategy on N x {predicted['measured_on']}, linked by "
         f"{link['name']} ({link['busbw_GBps']:.3g} GB/s bus bandwidth; {link['source']}), at "
         f"width {s['model.width']}, batch {s['train.batch_size']}, {s['train.precision']}, "
         f"{s['train_samples']} samples an epoch. A rank's step is measured on this machine "
         f"by the strategy's own code at world size N (torch's fake process group); its "
-        f"communication is modelled. Baseline: single on one device, "
-        f"{predicted['single_step_s'] * 1000:.1f} ms a step (measured)."
+        f"communication is modelled. {baseline}"
     )
 
 
 def footer(predicted: dict[str, Any]) -> list[str]:
     lines = [f"{name}: {why}" for name, why in predicted["not_predicted"].items()]
-    bands = sorted(
-        {
-            row["checked"]
-            for rows in predicted["by_devices"].values()
-            for row in rows.values()
-            if "checked" in row
-        }
-    )
-    lines += [f"Error band: {b}" for b in bands]
+    bands = {
+        name: row["checked"]
+        for rows in predicted["by_devices"].values()
+        for name, row in rows.items()
+        if "checked" in row
+    }
+    lines += [f"Error band of {name}: {checked}" for name, checked in bands.items()]
     lines.append("Left out of every prediction: " + "; ".join(predicted["leaves_out"]) + ".")
     return lines
 
@@ -88,12 +124,13 @@ def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]
         return [row["strategy"], row["not_predicted"], "", "", "", "", ""]
     band = f"±{row['band']:.0%}" if row.get("band") is not None else "unchecked"
     measured = "" if checked is None else f"{checked[1]:.2f} ({checked[0] / checked[1] - 1:+.0%})"
+    speedup = row.get("predicted_speedup")
     return [
         row["strategy"],
         str(row["devices_used"]),
         f"{row['predicted_epoch_s']:.2f} {band}",
-        f"{row['predicted_speedup']:.2f}x",
-        f"{row['predicted_efficiency']:.0%}",
+        "" if speedup is None else f"{speedup:.2f}x",
+        "" if speedup is None else f"{row['predicted_efficiency']:.0%}",
         f"{row['exposed_communication_s'] * 1000:.1f}",
         measured,
     ]
@@ -161,9 +198,23 @@ def mlflow_metrics(predicted: dict[str, Any]) -> dict[str, float]:
     out = {}
     for n, by_name in predicted["by_devices"].items():
         for name, row in by_name.items():
-            if "predicted_epoch_s" in row:
-                prefix = f"predicted_{n}dev_{name}"
-                out[f"{prefix}_epoch_s"] = row["predicted_epoch_s"]
-                out[f"{prefix}_speedup"] = row["predicted_speedup"]
-                out[f"{prefix}_efficiency"] = row["predicted_efficiency"]
+            prefix = f"predicted_{n}dev_{name}"
+            for figure in ("epoch_s", "speedup", "efficiency"):
+                if f"predicted_{figure}" in row:
+                    out[f"{prefix}_{figure}"] = row[f"predicted_{figure}"]
     return out
+
+
+def text(predicted: dict[str, Any]) -> str:
+    """The terminal's view (python -m pipeline.predict): a table per N."""
+    lines = [headline(predicted)]
+    for n, body in tables(predicted, [], {}):
+        lines.append(f"on {n} devices (predicted):")
+        for cell in [["strategy", "devices", "s/epoch", "speedup", "efficiency"], *body]:
+            if cell[2] == "":  # not predicted: the reason in the second cell
+                lines.append(f"  {cell[0]:<18} {cell[1]}")
+                continue
+            name, devices, epoch, speedup, efficiency = cell[:5]
+            lines.append(f"  {name:<18} {devices:>7} {epoch:>16} {speedup:>8} {efficiency:>10}")
+    lines += footer(predicted)
+    return "\n".join(lines) + "\n"

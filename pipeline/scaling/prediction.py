@@ -1,7 +1,7 @@
-"""Each strategy's epoch on N devices, predicted: its rank's step measured here at world size
-N (profile.py), its communication over `link` (step_time.py), and the epoch its batch plan
-makes of that step. The baseline of every speedup is single's step on one device, measured
-the same way in the same sitting.
+"""A strategy's epoch on N devices, predicted: its rank's step measured here at world size N
+(profile.py), its communication over `link` (step_time.py), and the epoch its batch plan
+makes of that step. single, on one device at any N, is measured the same way: the baseline
+of every speedup (reporting/predicted.py divides).
 
 Not predicted (`NOT_PREDICTED`): dp and balanced_dp, whose one process drives every GPU
 through threads (scatter, replicate, gather, and Python's lock between the replicas); their
@@ -25,7 +25,7 @@ NOT_PREDICTED = {
     "balanced_dp": "not predicted: DataParallel's threads (scatter, replicate, gather) are "
     "not modelled",
 }
-# what the predict stage measures (dvc.yaml's predict deps name their stage_code/ folders)
+# what a predict stage measures; the others' documents say why not (NOT_PREDICTED)
 PREDICTED = ("single", "ddp", "fsdp", "pipeline_parallel")
 # A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
 # about two thirds of a step's computation (a backward costs about twice its forward).
@@ -43,13 +43,11 @@ LEAVES_OUT = (
 class Prediction:
     strategy: str
     asked: int  # the N the user asked about
-    devices: int  # how many of them the strategy uses (single 1, a pipeline its stages)
+    devices: int  # how many of them the strategy uses (a pipeline: its stages)
     step: StepPrediction
     steps_per_epoch: int
     epoch_s: float
     samples_per_s: float
-    speedup: float  # over single's step on one device, measured in the same sitting
-    efficiency: float  # speedup / devices
     per_rank_batch: int
 
     def to_json(self) -> dict[str, Any]:
@@ -60,8 +58,6 @@ class Prediction:
             "predicted_step_s": self.step.step_s,
             "predicted_epoch_s": self.epoch_s,
             "predicted_samples_per_s": self.samples_per_s,
-            "predicted_speedup": self.speedup,
-            "predicted_efficiency": self.efficiency,
             "compute_s": self.step.compute_s,
             "communication_s": self.step.comm_s,
             "exposed_communication_s": self.step.exposed_s,
@@ -93,7 +89,7 @@ def predict_step(
             link,
         )
         return stages, step, spec.plan.micro
-    world = 1 if spec.name == "single" else n
+    world = n
     profile: RankProfile = measure_rank(spec, world, device)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
@@ -102,13 +98,12 @@ def predict_step(
 
 
 def predict(
-    spec: RunSpec[Any], n: int, link: Link, device: torch.device, n_train: int, baseline_s: float
+    spec: RunSpec[Any], n: int, link: Link, device: torch.device, n_train: int
 ) -> Prediction:
-    """`spec`'s epoch of `n_train` samples on n devices; `baseline_s`: single's step on one."""
+    """`spec`'s epoch of `n_train` samples on n devices."""
     devices, step, per_rank = predict_step(spec, n, link, device)
     plan = spec.job_plan(devices, n_train)
     epoch_s = plan.steps * step.step_s
-    speedup = baseline_s / step.step_s
     return Prediction(
         strategy=spec.name,
         asked=n,
@@ -117,7 +112,5 @@ def predict(
         steps_per_epoch=plan.steps,
         epoch_s=epoch_s,
         samples_per_s=plan.samples_per_epoch / epoch_s,
-        speedup=speedup,
-        efficiency=speedup / devices,
         per_rank_batch=per_rank,
     )

@@ -165,6 +165,7 @@ def timed(step: Callable[[], None], device: torch.device) -> float:
     (at least BLOCK_STEPS, at least BLOCK_S), the median of BLOCKS blocks, after WARM_STEPS
     untimed ones (and WARM_S). Per-call timings on a busy 2-core machine read 10 to 20%
     above an epoch's mean; blocks do not."""
+
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

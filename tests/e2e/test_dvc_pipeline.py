@@ -78,12 +78,21 @@ def test_second_repro_does_nothing(repro):
     "module,stages",
     [
         ("pipeline/reporting/plots.py", {"compare"}),
-        ("pipeline/training/loop.py", {"train@single", "train@ddp"}),
-        # launch code is no concern of the download
+        # the loop: what every strategy trains with, and what its prediction times
+        (
+            "pipeline/training/loop.py",
+            {"train@single", "train@ddp", "predict@single", "predict@ddp"},
+        ),
+        # launch code is no concern of the download, nor of the predictions
         ("pipeline/launch/topology.py", {"train@single", "train@ddp"}),
-        # a strategy's own module (stage_code/ddp links it): its stage alone
-        ("pipeline/strategies/ddp.py", {"train@ddp"}),
-        ("pipeline/strategies/base.py", {"train@single", "train@ddp"}),
+        # a strategy's own module (stage_code/ddp links it): its stages alone
+        ("pipeline/strategies/ddp.py", {"train@ddp", "predict@ddp"}),
+        (
+            "pipeline/strategies/base.py",
+            {"train@single", "train@ddp", "predict@single", "predict@ddp"},
+        ),
+        # the step model: the predictions alone
+        ("pipeline/scaling/step_time.py", {"predict@single", "predict@ddp"}),
     ],
 )
 def test_a_code_edit_makes_stale_exactly_the_stages_that_run_it(repro, module, stages):
@@ -104,6 +113,7 @@ def assert_edit_stales(project, module: str, stages: set[str]) -> None:
 
 
 EVERY_TRAIN_STAGE = {f"train@{name}" for name in NAMES}
+EVERY_PREDICT_STAGE = {f"predict@{name}" for name in NAMES}
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +140,24 @@ def every_stage_recorded(tmp_path_factory, http_mirror):
 @pytest.mark.parametrize(
     "module,stages",
     [
-        ("pipeline/strategies/fsdp.py", {"train@fsdp"}),
-        ("pipeline/strategies/pipeline_parallel.py", {"train@pipeline_parallel"}),
-        ("pipeline/strategies/gpu0_autotune.py", {"train@balanced_dp"}),
+        ("pipeline/strategies/fsdp.py", {"train@fsdp", "predict@fsdp"}),
+        (
+            "pipeline/strategies/pipeline_parallel.py",
+            {"train@pipeline_parallel", "predict@pipeline_parallel"},
+        ),
+        ("pipeline/strategies/gpu0_autotune.py", {"train@balanced_dp", "predict@balanced_dp"}),
         # helpers shared by some strategies: theirs
-        ("pipeline/strategies/sync_batchnorm.py", {"train@ddp", "train@fsdp"}),
-        ("pipeline/strategies/dp.py", {"train@dp", "train@balanced_dp"}),
+        (
+            "pipeline/strategies/sync_batchnorm.py",
+            {"train@ddp", "train@fsdp", "predict@ddp", "predict@fsdp"},
+        ),
+        (
+            "pipeline/strategies/dp.py",
+            {"train@dp", "train@balanced_dp", "predict@dp", "predict@balanced_dp"},
+        ),
         # the code every strategy runs: all of them
-        ("pipeline/strategies/base.py", EVERY_TRAIN_STAGE),
-        ("pipeline/training/loop.py", EVERY_TRAIN_STAGE),
+        ("pipeline/strategies/base.py", EVERY_TRAIN_STAGE | EVERY_PREDICT_STAGE),
+        ("pipeline/training/loop.py", EVERY_TRAIN_STAGE | EVERY_PREDICT_STAGE),
     ],
 )
 def test_a_strategy_edit_makes_stale_the_train_stages_that_run_it(
@@ -152,8 +171,9 @@ def test_a_strategy_edit_makes_stale_the_train_stages_that_run_it(
     "key,value,stages",
     [
         ("fsdp.nproc", 3, set()),  # fsdp is not in this project's strategies
-        ("ddp.nproc", 3, {"train@ddp"}),  # a strategy's own section: its stage alone
-        ("train.lr", 0.2, {"train@single", "train@ddp"}),
+        ("ddp.nproc", 3, {"train@ddp", "predict@ddp"}),  # a strategy's own section: its stages
+        ("train.lr", 0.2, {"train@single", "train@ddp", "predict@single", "predict@ddp"}),
+        ("predict.link", "12", {"predict@single", "predict@ddp"}),
         ("data.md5", None, {"fetch"}),
     ],
 )
@@ -193,10 +213,10 @@ def leaves(params: dict) -> int:
 def exp_show_columns(params: dict, metrics_per_strategy: int) -> int:
     """The columns of plain `dvc exp show`: Experiment and Created, every params.yaml key
     (a list is one), each dependency of the stages that run (stage_code/fetch,
-    data/fashion-mnist, stage_code/train, stage_code/<strategy> each, results,
-    stage_code/compare) and the metrics."""
+    data/fashion-mnist, stage_code/train, stage_code/<strategy> each, stage_code/predict,
+    predictions, results, stage_code/compare) and the metrics."""
     n = len(params["strategies"])
-    return 2 + leaves(params) + 5 + n + metrics_per_strategy * n
+    return 2 + leaves(params) + 7 + n + metrics_per_strategy * n
 
 
 def test_dvc_exp_show_fits_a_screen(repro):

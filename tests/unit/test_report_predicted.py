@@ -104,18 +104,56 @@ def test_mlflow_gets_names_no_one_reads_as_a_measurement():
     }
 
 
-def test_compare_reads_the_document_only_where_the_stage_ran(tmp_path):
-    path = tmp_path / "predicted.json"
-    assert read_predictions(path) is None
-    path.write_text(json.dumps(document()))
-    assert read_predictions(path) == document()
+def strategy_doc(name: str, **more) -> dict:
+    base = document()
+    keep = ("measured_on", "device", "link", "settings", "leaves_out")
+    return {
+        "kind": "predicted",
+        "strategy": name,
+        **{k: base[k] for k in keep},
+        "band": 0.23,
+        "checked": "±23% on 2 CPU processes (the check)",
+        "by_devices": {},
+        **more,
+    }
+
+
+def test_the_documents_combine_into_one_with_speedups_over_singles_baseline():
+    row = {**document()["by_devices"]["2"]["ddp"]}
+    for figure in ("predicted_speedup", "predicted_efficiency", "band", "checked"):
+        del row[figure]  # what the report works out, and what the strategy's document holds
+    docs = {
+        "single": strategy_doc("single", baseline_step_s=0.15),
+        "dp": strategy_doc("dp", not_predicted="not predicted: threads"),
+        "ddp": strategy_doc("ddp", by_devices={"8": row, "2": row}),
+    }
+    shown = predicted.combine(docs)
+    assert list(shown["by_devices"]) == ["2", "8"]  # by N, as numbers
+    ddp = shown["by_devices"]["2"]["ddp"]
+    assert ddp["predicted_speedup"] == pytest.approx(1.5)
+    assert ddp["predicted_efficiency"] == pytest.approx(0.75)
+    assert shown["not_predicted"] == {"dp": "not predicted: threads"}
+    other = {**docs["single"], "settings": {**docs["single"]["settings"], "model.width": 16}}
+    unlike = predicted.combine({**docs, "single": other})  # a baseline at other settings
+    assert unlike["single_step_s"] is None
+    assert "predicted_speedup" not in unlike["by_devices"]["2"]["ddp"]
+    assert "No baseline" in predicted.markdown(unlike, [], {})
+    assert predicted.combine({}) is None
+
+
+def test_compare_reads_the_documents_of_its_strategies_where_they_ran(tmp_path):
+    assert read_predictions(["single", "ddp"], tmp_path) == {}
+    (tmp_path / "ddp.json").write_text(json.dumps(strategy_doc("ddp")))
+    (tmp_path / "fsdp.json").write_text(json.dumps(strategy_doc("fsdp")))
+    assert read_predictions(["single", "ddp"], tmp_path) == {"ddp": strategy_doc("ddp")}
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"kind": "measured"}'])
 def test_a_document_that_is_not_the_stages_is_refused_in_one_line(tmp_path, text):
-    path = tmp_path / "predicted.json"
+    path = tmp_path / "ddp.json"
     path.write_text(text)
     with pytest.raises(UserError) as err:
-        read_predictions(path)
+        read_predictions(["ddp"], tmp_path)
     message = str(err.value)
-    assert "\n" not in message and str(path) in message and "pipeline.predict" in message
+    assert "\n" not in message and str(path) in message
+    assert "python -m pipeline.predict ddp" in message

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from pipeline.config import load_config
+from pipeline.reporting.predicted import combine, text
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import resolve_run
 from pipeline.scaling import checked, profile
 from pipeline.scaling.profile import measure_rank, measure_stages
-from pipeline.scaling.stage import predict_all, render_text
+from pipeline.scaling.stage import predict_strategy, the_link
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from pipeline.strategies.pipeline_parallel import split_points
 from support import REPO
@@ -89,36 +90,31 @@ def test_a_pipelines_stages_are_the_strategys_split_and_send_the_cut_activations
     assert all(s > 0 for s in profile.stage_s) and profile.optimizer_s > 0
 
 
-def test_every_figure_of_the_document_is_a_prediction_with_its_band(tmp_path, monkeypatch):
+def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no fetched data here: an epoch of the full set
     cores = os.cpu_count() or 1
-    cfg = load_config(
-        None,
-        [
-            *TINY,
-            "strategies=[single,dp,ddp,pipeline_parallel]",
-            f"predict.gpus=[2,{cores + 1}]",
-            "predict.link=12",
-        ],
-    )
-    result = predict_all(cfg)
-    assert result["kind"] == "predicted" and result["link"]["busbw_GBps"] == 12
-    two = result["by_devices"]["2"]
-    assert set(two) == {"ddp", "pipeline_parallel"}  # single is the baseline, dp not modelled
-    for row in two.values():
-        figures = {"step_s", "epoch_s", "samples_per_s", "speedup", "efficiency"}
-        assert {f"predicted_{f}" for f in figures} <= set(row) and not figures & set(row)
-        assert row["band"] == checked.BAND[row["strategy"]]
-        assert checked.CHECKED_BY in row["checked"]
-        assert (
-            row["steps_per_epoch"] == math.ceil(60000 / 32) or row["steps_per_epoch"] == 60000 // 32
-        )
-    assert result["by_devices"][str(cores + 1)] == {}  # more processes than cores: said why
-    assert "share its" in result["not_predicted"][f"{cores + 1} devices"]
-    assert "dp" in result["not_predicted"]
-    text = render_text(result)
-    assert text.startswith("PREDICTED, not measured")
-    assert "left out of every prediction" in text
+    cfg = load_config(None, [*TINY, f"predict.gpus=[2,{cores + 1}]", "predict.link=12"])
+    link = the_link(cfg, CPU)
+    assert link.busbw == 12e9
+    docs = {name: predict_strategy(cfg, name, CPU, link) for name in ("single", "dp", "ddp")}
+    assert all(doc["kind"] == "predicted" for doc in docs.values())
+    assert docs["single"]["baseline_step_s"] > 0 and docs["single"]["by_devices"] == {}
+    assert "not modelled" in docs["dp"]["not_predicted"]
+    row = docs["ddp"]["by_devices"]["2"]
+    figures = {"step_s", "epoch_s", "samples_per_s"}
+    assert {f"predicted_{f}" for f in figures} <= set(row) and not figures & set(row)
+    assert row["steps_per_epoch"] == 60000 // 32  # the full set: nothing fetched here
+    assert docs["ddp"]["band"] == checked.BAND["ddp"]
+    assert checked.CHECKED_BY in docs["ddp"]["checked"]
+    # more processes than cores: said why, not predicted
+    assert "at most" in docs["ddp"]["by_devices"][str(cores + 1)]["not_predicted"]
+    shown = combine(docs)
+    assert shown["single_step_s"] == docs["single"]["baseline_step_s"]
+    speedup = shown["by_devices"]["2"]["ddp"]["predicted_speedup"]
+    assert speedup == pytest.approx(shown["single_step_s"] / row["predicted_step_s"])
+    words = text(shown)
+    assert words.startswith("PREDICTED, not measured")
+    assert "dp: not predicted" in words and "Left out of every prediction" in words
 
 
 def test_the_bands_are_the_committed_checks_largest_errors():

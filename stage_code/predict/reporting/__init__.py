@@ -1,0 +1,1 @@
+../../../pipeline/reporting/__init__.py
