@@ -20,6 +20,7 @@ not measured (docs/scaling.md says what that leaves out).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import os
 import statistics
@@ -44,7 +45,6 @@ from pipeline.numerics.precision import build_precision
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Call, Traffic
-from pipeline.strategies.pipeline_parallel import split_points
 from pipeline.training.loop import eager_step
 
 # Not timed: allocator growth, cuDNN's and oneDNN's choices, the first bucket rebuild, and a
@@ -215,6 +215,14 @@ def measure_rank(spec: RunSpec[Any], world_size: int, device: torch.device) -> R
     return RankProfile(spec.name, world_size, plan.per_rank, seconds, sent)
 
 
+def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:
+    """The strategy's own cut of the blocks into stages, its module loaded by name as the
+    registry loads it (strategies.get): so only its own predict stage depends on it."""
+    module = importlib.import_module(f"pipeline.strategies.{name}")
+    split: Callable[[list[int], int], list[int]] = module.split_points
+    return split
+
+
 def measure_stages(spec: RunSpec[Any], device: torch.device) -> StageProfile:
     """pipeline_parallel's stages, one process each: every stage's forward and backward of one
     pipeline micro-batch, on this device, with the cores one of `stages` processes gets."""
@@ -227,7 +235,7 @@ def measure_stages(spec: RunSpec[Any], device: torch.device) -> StageProfile:
     try:
         prec = build_precision(spec.train.precision, device, [None])
         model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
-        bounds = split_points(block_flops(model), stages)
+        bounds = pipeline_split(spec.name)(block_flops(model), stages)
         images, labels = synthetic_split(micro, seed=1)
         x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(device, prec.dtype)
         y = torch.as_tensor(labels).long().to(device)

@@ -1,1 +1,0 @@
-../../../pipeline/strategies/pipeline_parallel.py
