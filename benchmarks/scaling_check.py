@@ -104,6 +104,22 @@ def one_round(project: Path, env: dict, overrides: list[str]) -> dict[str, Any]:
     }
 
 
+def table(result: dict) -> str:
+    """Each strategy's predicted and measured step (medians of the rounds), its error, and
+    every round's error: what the band a prediction is shown with comes from."""
+    lines = [
+        "| strategy | predicted ms/step | measured ms/step | error | each round | within 25% |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for name, m in result["median"].items():
+        rounds = ", ".join(f"{r['strategies'][name]['error']:+.0%}" for r in result["rounds"])
+        lines.append(
+            f"| {name} | {m['predicted_step_s'] * 1000:.1f} | {m['measured_step_s'] * 1000:.1f} "
+            f"| {m['error']:+.0%} | {rounds} | {'yes' if m['within_goal'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)

@@ -382,6 +382,31 @@ def fair_race_block(path: Path) -> list[str]:
     return turns_block(path, each, fair_race_table)
 
 
+def scaling_check_block(path: Path) -> list[str]:
+    from benchmarks.scaling_check import table as scaling_table
+
+    result = json.loads(path.read_text())
+    info, load = result["info"], result["load_average"]
+    links = "; ".join(
+        f"{r['link']['busbw_GBps']:.2f} GB/s, {r['link']['latency_us']:.0f} us a ring step"
+        for r in result["rounds"]
+    )
+    return [
+        paragraph(
+            f"From {source(path)}: {info['cpu']}, {info['cpu_cores']} cores, torch "
+            f"{info['torch']}; {result['settings']['runs']} rounds, each predicting every "
+            f"strategy at {result['world_size']} processes by the predict stage's own work, "
+            "then running its train stage for real as that many processes (single: its "
+            "profile on one device, the baseline, against its own stage); the gloo link "
+            f"measured each round ({links}); settings "
+            f"{', '.join(result['settings']['overrides'])}; 1-minute load average "
+            f"{load['before'][0]:.1f} before, {load['after'][0]:.1f} after."
+        ),
+        "",
+        scaling_table(result),
+    ]
+
+
 # ---- the blocks
 
 
@@ -417,6 +442,7 @@ BLOCKS = [
     Block("sync-bn", sync_bn_block, newest="*-sync-bn-*.json"),
     Block("stop-time", stop_time_block, newest="*-stop-time-*.json"),
     Block("fair-race", fair_race_block, newest="*-fair-race-*.json"),
+    Block("scaling-check", scaling_check_block, newest="*-scaling-check-*.json"),
 ]
 MARKED = re.compile(r"<!-- tables:([a-z0-9-]+) -->\n(.*?)<!-- /tables:\1 -->\n", re.S)
 OPENING = re.compile(r"<!-- tables:([a-z0-9-]+) -->")
