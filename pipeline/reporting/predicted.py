@@ -107,7 +107,13 @@ def headline(predicted: dict[str, Any]) -> str:
 
 
 def footer(predicted: dict[str, Any]) -> list[str]:
-    lines = [f"{name}: {why}" for name, why in predicted["not_predicted"].items()]
+    lines = [
+        f"On {n} devices: not predicted: "
+        + "; ".join(sorted({row["not_predicted"] for row in by_name.values()}))
+        for n, by_name in predicted["by_devices"].items()
+        if by_name and not predicted_at(by_name)
+    ]
+    lines += [f"{name}: {why}" for name, why in predicted["not_predicted"].items()]
     bands = {
         name: row["checked"]
         for rows in predicted["by_devices"].values()
@@ -147,14 +153,19 @@ HEADER = [
 ]
 
 
+def predicted_at(by_name: dict[str, Any]) -> bool:
+    return any("predicted_epoch_s" in row for row in by_name.values())
+
+
 def tables(
     predicted: dict[str, Any], rows: list[Row], configs: dict[str, dict[str, Any]]
 ) -> list[tuple[str, list[list[str]]]]:
+    """A table per N with a prediction in it (those without: `footer` says why)."""
     checked = comparisons(predicted, rows, configs)
     return [
         (n, [cells(row, checked.get((n, name))) for name, row in by_name.items()])
         for n, by_name in predicted["by_devices"].items()
-        if by_name
+        if predicted_at(by_name)
     ]
 
 
