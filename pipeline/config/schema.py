@@ -280,6 +280,9 @@ class PredictConfig:
 
     gpus: list[int] = field(default_factory=lambda: [2, 4, 8], metadata={"nonempty": True})
     """The device counts N to predict for, each at least 2."""
+    time_s: float = field(default=2.0, metadata={"min_exclusive": 0.0})
+    """Seconds each rank's steps are timed, after half as long untimed: longer is steadier,
+    shorter quicker. The error bands were checked at 2 (docs/scaling.md)."""
     link: str = "auto"
     """The link between the devices: nvlink-h100 | pcie | ib-ndr | ethernet-100g (nccl-tests
     bus bandwidths), a number in GB/s, or the path of an nccl-tests all_reduce_perf output;

@@ -68,7 +68,7 @@ class Prediction:
 
 
 def predict_step(
-    spec: RunSpec[Any], n: int, link: Link, device: torch.device
+    spec: RunSpec[Any], n: int, link: Link, device: torch.device, seconds: float
 ) -> tuple[int, StepPrediction, int]:
     """(devices used, the step predicted, the per-rank batch) of `spec` asked to run on n."""
     overlaps = device.type == "cuda"
@@ -79,7 +79,7 @@ def predict_step(
                 f"pipeline_parallel.stages: got {stages}, but the prediction is for {n} "
                 f"devices; expected at most {n} (one stage per device)"
             )
-        s = measure_stages(spec, device)
+        s = measure_stages(spec, device, seconds)
         step = pipeline_step(
             s.stage_s,
             s.boundary_bytes,
@@ -90,7 +90,7 @@ def predict_step(
         )
         return stages, step, spec.plan.micro
     world = n
-    profile: RankProfile = measure_rank(spec, world, device)
+    profile: RankProfile = measure_rank(spec, world, device, seconds)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
     step = data_parallel_step(profile.step_s, window, profile.traffic, world, link, overlaps)
@@ -98,10 +98,10 @@ def predict_step(
 
 
 def predict(
-    spec: RunSpec[Any], n: int, link: Link, device: torch.device, n_train: int
+    spec: RunSpec[Any], n: int, link: Link, device: torch.device, n_train: int, seconds: float
 ) -> Prediction:
-    """`spec`'s epoch of `n_train` samples on n devices."""
-    devices, step, per_rank = predict_step(spec, n, link, device)
+    """`spec`'s epoch of `n_train` samples on n devices; its steps timed for `seconds`."""
+    devices, step, per_rank = predict_step(spec, n, link, device, seconds)
     plan = spec.job_plan(devices, n_train)
     epoch_s = plan.steps * step.step_s
     return Prediction(

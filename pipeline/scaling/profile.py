@@ -50,9 +50,9 @@ from pipeline.training.loop import eager_step
 # Not timed: allocator growth, cuDNN's and oneDNN's choices, the first bucket rebuild, and a
 # process's first seconds of torch (3 steps were not enough: a first profile on 2 CPU cores
 # once timed 3x the next).
-WARM_STEPS = 3
-WARM_S = 1.0  # and at least this long
-BLOCKS, BLOCK_STEPS, BLOCK_S = 3, 3, 0.7  # timed: the median of 3 blocks' mean step
+TIMED_S = 2.0  # predict.time_s's default: what the committed check was measured with
+WARM_STEPS = 3  # and at least half of `seconds` (predict.time_s)
+BLOCKS, BLOCK_STEPS = 3, 3  # timed: the median of 3 blocks' mean step, `seconds` in all
 
 # c10d ops by name -> the collective they are; the message is their largest tensor
 COLLECTIVES = {
@@ -160,25 +160,25 @@ def stand_in_for_ddp_all_reduce(training: Training, log: SentLog) -> None:
     module.register_comm_hook(None, reduced)
 
 
-def timed(step: Callable[[], None], device: torch.device) -> float:
+def timed(step: Callable[[], None], device: torch.device, seconds: float) -> float:
     """Seconds of one call of `step`, as an epoch sees it: the mean over a block of calls
-    (at least BLOCK_STEPS, at least BLOCK_S), the median of BLOCKS blocks, after WARM_STEPS
-    untimed ones (and WARM_S). Per-call timings on a busy 2-core machine read 10 to 20%
-    above an epoch's mean; blocks do not."""
+    (at least BLOCK_STEPS, at least `seconds` / BLOCKS), the median of BLOCKS blocks, after
+    WARM_STEPS untimed ones (and `seconds` / 2). Per-call timings on a busy 2-core machine
+    read 10 to 20% above an epoch's mean; blocks do not."""
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     start, done = time.perf_counter(), 0
-    while done < WARM_STEPS or time.perf_counter() - start < WARM_S:
+    while done < WARM_STEPS or time.perf_counter() - start < seconds / 2:
         step()
         done += 1
     sync()
     means = []
     for _ in range(BLOCKS):
         start, done = time.perf_counter(), 0
-        while done < BLOCK_STEPS or time.perf_counter() - start < BLOCK_S:
+        while done < BLOCK_STEPS or time.perf_counter() - start < seconds / BLOCKS:
             step()
             done += 1
         sync()
@@ -186,8 +186,11 @@ def timed(step: Callable[[], None], device: torch.device) -> float:
     return statistics.median(means)
 
 
-def measure_rank(spec: RunSpec[Any], world_size: int, device: torch.device) -> RankProfile:
-    """Rank 0 of a `world_size` job of `spec`'s data-parallel strategy, its steps timed."""
+def measure_rank(
+    spec: RunSpec[Any], world_size: int, device: torch.device, seconds: float = TIMED_S
+) -> RankProfile:
+    """Rank 0 of a `world_size` job of `spec`'s data-parallel strategy, its steps timed for
+    `seconds` (timed)."""
     steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
     with fake_world(world_size, device) as ctx:
         torch.manual_seed(spec.seed)
@@ -204,7 +207,7 @@ def measure_rank(spec: RunSpec[Any], world_size: int, device: torch.device) -> R
             _, micro_batches = next(batches)
             eager_step(training, micro_batches, totals)
 
-        seconds = timed(step, device)
+        step_s = timed(step, device, seconds)
         # what one more step sends, read apart: the dispatcher mode sees every operator in
         # Python, which would add a third to a small model's step on a CPU
         log.calls.clear()
@@ -212,7 +215,7 @@ def measure_rank(spec: RunSpec[Any], world_size: int, device: torch.device) -> R
             step()
         sent = Traffic(tuple(log.calls))
         training.run.release()
-    return RankProfile(spec.name, world_size, plan.per_rank, seconds, sent)
+    return RankProfile(spec.name, world_size, plan.per_rank, step_s, sent)
 
 
 def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:
@@ -223,7 +226,9 @@ def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:
     return split
 
 
-def measure_stages(spec: RunSpec[Any], device: torch.device) -> StageProfile:
+def measure_stages(
+    spec: RunSpec[Any], device: torch.device, seconds: float = TIMED_S
+) -> StageProfile:
     """pipeline_parallel's stages, one process each: every stage's forward and backward of one
     pipeline micro-batch, on this device, with the cores one of `stages` processes gets."""
     options = spec.options
@@ -255,7 +260,7 @@ def measure_stages(spec: RunSpec[Any], device: torch.device) -> StageProfile:
                 else:  # the gradient the next stage sends back has the activations' shape
                     out.backward(torch.ones_like(out))
 
-            stage_s.append(timed(fwd_bwd, device))
+            stage_s.append(timed(fwd_bwd, device, seconds))
             with torch.no_grad(), prec.autocast():
                 x = blocks(inputs)
             if not last:
@@ -263,7 +268,7 @@ def measure_stages(spec: RunSpec[Any], device: torch.device) -> StageProfile:
             sizes.append(sum(p.numel() for p in blocks.parameters()))
         largest = model[bounds[sizes.index(max(sizes))] : bounds[sizes.index(max(sizes)) + 1]]
         optimizer = make_optimizer(largest.parameters(), spec.train)
-        optimizer_s = timed(optimizer.step, device)
+        optimizer_s = timed(optimizer.step, device, seconds)
     finally:
         torch.set_num_threads(threads)
     return StageProfile(stages, micro, stage_s, boundary, optimizer_s)

@@ -92,14 +92,16 @@ def predict_strategy(cfg: Config, name: str, device: torch.device, link: Link) -
     if name not in PREDICTABLE:
         return {**doc, "not_predicted": NOT_PREDICTED.get(name, "not predicted")}
     if name == "single":  # one device at any N: what every speedup divides
-        return {**doc, "baseline_step_s": measure_rank(spec, 1, device).step_s}
+        baseline = measure_rank(spec, 1, device, cfg.predict.time_s).step_s
+        return {**doc, "baseline_step_s": baseline}
     for n in cfg.predict.gpus:
         if too_many_processes(device, n):
             why = f"this CPU's {os.cpu_count()} cores: at most {os.cpu_count()} processes"
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": why}
             continue
         try:
-            doc["by_devices"][str(n)] = predict(spec, n, link, device, n_train).to_json()
+            timed_s = cfg.predict.time_s
+            doc["by_devices"][str(n)] = predict(spec, n, link, device, n_train, timed_s).to_json()
         except UserError as err:  # e.g. more pipeline stages than devices
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": str(err)}
     return doc

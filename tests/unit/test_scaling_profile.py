@@ -18,7 +18,7 @@ from pipeline.config import load_config
 from pipeline.reporting.predicted import combine, text
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import resolve_run
-from pipeline.scaling import checked, profile
+from pipeline.scaling import checked
 from pipeline.scaling.profile import measure_rank, measure_stages
 from pipeline.scaling.stage import predict_strategy, the_link
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
@@ -26,16 +26,9 @@ from pipeline.strategies.pipeline_parallel import split_points
 from support import REPO
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def few_steps(monkeypatch):
-    """What these tests check is what the steps send and weigh, not how long they take: the
-    fewest steps the profile's timing takes."""
-    monkeypatch.setattr(profile, "WARM_S", 0.0)
-    monkeypatch.setattr(profile, "BLOCK_S", 0.0)
-
-
+# What these tests check is what the steps send and weigh, not how long they take: the
+# fewest steps the profile's timing takes.
+FEW = 1e-6
 TINY = ["model.width=4", "train.batch_size=32", "train.precision=fp32"]
 
 
@@ -49,7 +42,7 @@ def gradient_bytes(width: int) -> int:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_ddp_rank_all_reduces_every_gradient_once_a_step(world):
-    profile = measure_rank(spec("ddp", "ddp.sync_bn=false"), world, CPU)
+    profile = measure_rank(spec("ddp", "ddp.sync_bn=false"), world, CPU, FEW)
     reduced = [c for c in profile.traffic.calls if c.kind == ALL_REDUCE]
     assert sum(c.size for c in reduced) == gradient_bytes(4)
     assert all(c.overlappable for c in reduced)
@@ -57,7 +50,7 @@ def test_a_ddp_rank_all_reduces_every_gradient_once_a_step(world):
 
 
 def test_sync_batchnorm_statistics_block_the_step():
-    calls = measure_rank(spec("ddp", "ddp.sync_bn=true"), 2, CPU).traffic.calls
+    calls = measure_rank(spec("ddp", "ddp.sync_bn=true"), 2, CPU, FEW).traffic.calls
     blocking = [c for c in calls if not c.overlappable]
     assert blocking and all(c.kind == ALL_GATHER for c in blocking)
 
@@ -65,7 +58,7 @@ def test_sync_batchnorm_statistics_block_the_step():
 def test_an_fsdp_rank_gathers_and_scatters_what_it_shards():
     """Each unit's parameters are gathered whole (before forward, again before backward
     where it was freed), and its gradients reduce-scattered whole: the model's bytes, once."""
-    profile = measure_rank(spec("fsdp", "fsdp.sync_bn=false"), 2, CPU)
+    profile = measure_rank(spec("fsdp", "fsdp.sync_bn=false"), 2, CPU, FEW)
     calls = profile.traffic.calls
     scattered = sum(c.size for c in calls if c.kind == REDUCE_SCATTER)
     gathered = sum(c.size for c in calls if c.kind == ALL_GATHER)
@@ -77,7 +70,7 @@ def test_a_pipelines_stages_are_the_strategys_split_and_send_the_cut_activations
     run = spec(
         "pipeline_parallel", "pipeline_parallel.stages=3", "pipeline_parallel.microbatches=2"
     )
-    profile = measure_stages(run, CPU)
+    profile = measure_stages(run, CPU, FEW)
     model = build_model(4, 0)
     bounds = split_points(block_flops(model), 3)
     x = torch.zeros(profile.micro_batch, 1, 28, 28)
@@ -93,7 +86,9 @@ def test_a_pipelines_stages_are_the_strategys_split_and_send_the_cut_activations
 def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no fetched data here: an epoch of the full set
     cores = os.cpu_count() or 1
-    cfg = load_config(None, [*TINY, f"predict.gpus=[2,{cores + 1}]", "predict.link=12"])
+    cfg = load_config(
+        None, [*TINY, f"predict.gpus=[2,{cores + 1}]", "predict.link=12", f"predict.time_s={FEW}"]
+    )
     link = the_link(cfg, CPU)
     assert link.busbw == 12e9
     docs = {name: predict_strategy(cfg, name, CPU, link) for name in ("single", "dp", "ddp")}
