@@ -20,13 +20,10 @@ from pipeline.scaling.links import Link
 from pipeline.scaling.profile import RankProfile, measure_rank, measure_stages
 from pipeline.scaling.step_time import StepPrediction, data_parallel_step, pipeline_step
 
-NOT_PREDICTED = {
-    "dp": "not predicted: DataParallel's threads (scatter, replicate, gather) are not modelled",
-    "balanced_dp": "not predicted: DataParallel's threads (scatter, replicate, gather) are "
-    "not modelled",
-}
+THREADS = "not predicted: DataParallel's threads (scatter, replicate, gather) are not modelled"
+NOT_PREDICTED = {"dp": THREADS, "balanced_dp": THREADS}
 # what a predict stage measures; the others' documents say why not (NOT_PREDICTED)
-PREDICTED = ("single", "ddp", "fsdp", "pipeline_parallel")
+PREDICTABLE = ("single", "ddp", "fsdp", "pipeline_parallel")
 # A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
 # about two thirds of a step's computation (a backward costs about twice its forward).
 BACKWARD_SHARE = 2 / 3
@@ -89,12 +86,11 @@ def predict_step(
             link,
         )
         return stages, step, spec.plan.micro
-    world = n
-    profile: RankProfile = measure_rank(spec, world, device, seconds)
+    profile: RankProfile = measure_rank(spec, n, device, seconds)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
-    step = data_parallel_step(profile.step_s, window, profile.traffic, world, link, overlaps)
-    return world, step, profile.per_rank_batch
+    step = data_parallel_step(profile.step_s, window, profile.traffic, n, link, overlaps)
+    return n, step, profile.per_rank_batch
 
 
 def predict(

@@ -20,8 +20,7 @@ from pipeline.run_spec import resolve_run
 from pipeline.scaling.checked import BAND, band_text
 from pipeline.scaling.gloo_link import measure_gloo_link
 from pipeline.scaling.links import PRESETS, Link, check_link
-from pipeline.scaling.prediction import LEAVES_OUT, NOT_PREDICTED, predict
-from pipeline.scaling.prediction import PREDICTED as PREDICTABLE
+from pipeline.scaling.prediction import LEAVES_OUT, NOT_PREDICTED, PREDICTABLE, predict
 from pipeline.scaling.profile import measure_rank
 
 FULL_TRAIN = 60000  # Fashion-MNIST's training set, where the fetch stage has not run
