@@ -80,7 +80,7 @@ def one_round(project: Path, env: dict, overrides: list[str]) -> dict[str, Any]:
     link = the_link(cfg, device)  # auto: gloo between 2 processes, measured here
     rows = {}
     for name in STRATEGIES:
-        doc = predict_strategy(cfg, name, device, link)
+        doc = predict_strategy(cfg, name, device, lambda: link)
         if name == "single":  # its step on one device: every speedup's baseline
             predicted, devices, row = doc["baseline_step_s"], 1, {}
         else:

@@ -15,14 +15,17 @@ checked to on real runs (pipeline/scaling/checked.py); dp and balanced_dp are no
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Optional
+from typing import Any, Optional
 
 from pipeline.cli import parse_args
 from pipeline.config import load_config
 from pipeline.errors import exit_on_user_error
 from pipeline.files import atomic_write
+from pipeline.reporting.predicted import combine, text
 from pipeline.results import PREDICTIONS, read_predictions
+from pipeline.scaling.checked import NONE_ASKED, NOT_PREDICTED, not_predicted_document
 from pipeline.scaling.links import check_link
 from pipeline.strategies import check_names
 
@@ -36,20 +39,30 @@ def main(argv: Optional[list[str]] = None) -> None:
     names = names or cfg.strategies
     check_names(names)
     check_link(cfg.predict.link)  # bad input answers before torch loads
-    # torch, and the strategies' code: seconds to load
-    from pipeline.reporting.predicted import combine, text
-    from pipeline.scaling.stage import measuring_device, predict_strategy, the_link
-
-    device = measuring_device(cfg.devices)
-    link = the_link(cfg, device)
     PREDICTIONS.mkdir(exist_ok=True)
-    for name in names:
-        doc = predict_strategy(cfg, name, device, link)
-        atomic_write(PREDICTIONS / f"{name}.json", json.dumps(doc, indent=1) + "\n")
-        print(f"predict: wrote {PREDICTIONS / name}.json", flush=True)
+    for name in [n for n in names if n in NOT_PREDICTED]:  # why not, without torch
+        write(name, not_predicted_document(name))
+    measured = [n for n in names if n not in NOT_PREDICTED]
+    if not cfg.predict.gpus:  # none asked for: said so, without torch
+        for name in measured:
+            write(name, not_predicted_document(name, NONE_ASKED))
+        measured = []
+    if measured:
+        # torch, and the strategies' code: seconds to load
+        from pipeline.scaling.stage import measuring_device, predict_strategy, the_link
+
+        device = measuring_device(cfg.devices)
+        link = functools.cache(lambda: the_link(cfg, device))  # once, where a strategy needs it
+        for name in measured:
+            write(name, predict_strategy(cfg, name, device, link))
     shown = combine(read_predictions(["single", *names]))  # single's baseline, where it ran
     if shown is not None:
         print(text(shown), end="", flush=True)
+
+
+def write(name: str, document: dict[str, Any]) -> None:
+    atomic_write(PREDICTIONS / f"{name}.json", json.dumps(document, indent=1) + "\n")
+    print(f"predict: wrote {PREDICTIONS / name}.json", flush=True)
 
 
 if __name__ == "__main__":

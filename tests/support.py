@@ -113,7 +113,8 @@ def tiny_params(mirror: Mirror, **sections) -> dict:
     params["model"]["width"] = 8
     params["train"].update(epochs=2, batch_size=32, eval_batch_size=64)
     params["mlflow"].update(experiment="tests", log_model=False)  # tests that log it say so
-    params["predict"].update(time_s=0.2)  # the predict stages' timing: seconds, not the band
+    # the predict stages in seconds: one N, a short timing, a given link (no gloo measured)
+    params["predict"].update(gpus=[2], time_s=0.2, link="12")
     params["strategies"] = ["single", "ddp"]  # tests that want others say so
     for key, value in sections.items():
         if isinstance(value, dict):

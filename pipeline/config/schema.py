@@ -278,8 +278,9 @@ class PredictConfig:
     predicted (pipeline/scaling): its rank's step measured here by the strategy's own code at
     world size N, its communication modelled over `link`."""
 
-    gpus: list[int] = field(default_factory=lambda: [2, 4, 8], metadata={"nonempty": True})
-    """The device counts N to predict for, each at least 2."""
+    gpus: list[int] = field(default_factory=lambda: [2, 4, 8])
+    """The device counts N to predict for, each at least 2; [] = none (the predict stages
+    then only say so, in a fraction of a second)."""
     time_s: float = field(default=2.0, metadata={"min_exclusive": 0.0})
     """Seconds each rank's steps are timed, after half as long untimed: longer is steadier,
     shorter quicker. The error bands were checked at 2 (docs/scaling.md)."""

@@ -59,12 +59,12 @@ def comparisons(
 def combine(docs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The strategies' documents as one: per N, each strategy's row with its band, and its
     speedup over single's baseline (where single's document is among them, at the same
-    settings); None without any document."""
-    if not docs:
+    settings); None where none of them predicts anything."""
+    # the settings, device and link of the predictions (single's document holds only the
+    # baseline, dp's only why not)
+    first = next((d for n, d in docs.items() if n != "single" and "link" in d), None)
+    if first is None:
         return None
-    # the others' settings and link: single's document holds only the baseline
-    first = next((d for name, d in docs.items() if name != "single"), docs.get("single"))
-    assert first is not None
     single = docs.get("single")
     baseline = (
         single["baseline_step_s"]
@@ -73,7 +73,7 @@ def combine(docs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     )
     by_devices: dict[str, dict[str, Any]] = {}
     for name, doc in docs.items():
-        for n, row in doc["by_devices"].items():
+        for n, row in doc.get("by_devices", {}).items():
             row = {**row, "band": doc["band"], "checked": doc["checked"]}
             if baseline is not None and "predicted_step_s" in row:
                 row["predicted_speedup"] = baseline / row["predicted_step_s"]

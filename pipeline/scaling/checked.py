@@ -1,15 +1,24 @@
-"""How far the predictions were found from real runs, and where: the band each prediction is
-shown with. tests/unit/test_scaling_checked.py holds these figures to the committed JSON, so
-they cannot drift from what was measured.
+"""Which strategies are predicted, how far the predictions were found from real runs, and
+where: the band each prediction is shown with. tests/unit/test_scaling_profile.py holds these
+figures to the committed JSON, so they cannot drift from what was measured.
 
 The check (benchmarks/scaling_check.py) predicts ddp, fsdp and pipeline_parallel at 2
-processes on a 2-core CPU from 1-process profiles and the gloo link measured there, then runs
-each for real: the band is the largest |predicted / measured - 1| over its rounds, rounded up
-to the next percent. It checks the CPU's model (nothing overlaps). A GPU's (DDP's buckets
-behind the backward, FSDP's prefetch, NVLink) has had no real multi-GPU run to check it: its
-figures say "unchecked on GPUs"."""
+processes on a 2-core CPU by the predict stage's own work, then runs each for real: the band
+is the largest |predicted / measured - 1| over its rounds, rounded up to the next percent
+(single's: its baseline against its own stage). It checks the CPU's model (nothing overlaps).
+A GPU's (DDP's buckets behind the backward, FSDP's prefetch, NVLink) has had no real
+multi-GPU run to check it: its figures say "unchecked on GPUs"."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from pipeline.results import PREDICTED
+
+# what a predict stage measures; the others' documents say why not, without loading torch
+PREDICTABLE = ("single", "ddp", "fsdp", "pipeline_parallel")
+THREADS = "not predicted: DataParallel's threads (scatter, replicate, gather) are not modelled"
+NOT_PREDICTED = {"dp": THREADS, "balanced_dp": THREADS}
 
 CHECKED_BY = "benchmarks/results/cpu2-amd-epyc-scaling-check-2026-11-27.json"
 # strategy -> the largest |error| of its rounds (a fraction)
@@ -23,3 +32,12 @@ def band_text(strategy: str, on_gpu: bool) -> str:
         return "no band: not checked against a real run"
     checked = f"±{BAND[strategy]:.0%} on 2 CPU processes ({CHECKED_BY})"
     return f"{checked}; {UNCHECKED_ON_GPUS}" if on_gpu else checked
+
+
+NONE_ASKED = "not predicted: predict.gpus is empty"
+
+
+def not_predicted_document(name: str, why: str | None = None) -> dict[str, Any]:
+    """The document of a strategy not predicted: why not (by default, that no model here
+    predicts it)."""
+    return {"kind": PREDICTED, "strategy": name, "not_predicted": why or NOT_PREDICTED[name]}

@@ -56,7 +56,10 @@ def measure_gloo_link(size: int, world: int = 2) -> Link:
     of `size` bytes (a model's gradients), at least BANDWIDTH_BYTES."""
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "out")
-        mp.start_processes(_rank, (world, store, size, out), nprocs=world, start_method="spawn")
+        # forked, as the launcher forks its workers: they have torch already (seconds each);
+        # spawned only where this process's CUDA is up, which a fork cannot inherit
+        start = "spawn" if torch.cuda.is_initialized() else "fork"
+        mp.start_processes(_rank, (world, store, size, out), nprocs=world, start_method=start)
         small_s, large_s = map(float, Path(out).read_text().split())
     steps = 2 * (world - 1)
     latency = small_s / steps

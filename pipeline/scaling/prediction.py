@@ -3,7 +3,7 @@
 makes of that step. single, on one device at any N, is measured the same way: the baseline
 of every speedup (reporting/predicted.py divides).
 
-Not predicted (`NOT_PREDICTED`): dp and balanced_dp, whose one process drives every GPU
+Not predicted (checked.NOT_PREDICTED): dp and balanced_dp, whose one process drives every GPU
 through threads (scatter, replicate, gather, and Python's lock between the replicas); their
 time at N would need a model no run here can check (on a CPU DataParallel runs unsplit)."""
 
@@ -20,10 +20,6 @@ from pipeline.scaling.links import Link
 from pipeline.scaling.profile import RankProfile, measure_rank, measure_stages
 from pipeline.scaling.step_time import StepPrediction, data_parallel_step, pipeline_step
 
-THREADS = "not predicted: DataParallel's threads (scatter, replicate, gather) are not modelled"
-NOT_PREDICTED = {"dp": THREADS, "balanced_dp": THREADS}
-# what a predict stage measures; the others' documents say why not (NOT_PREDICTED)
-PREDICTABLE = ("single", "ddp", "fsdp", "pipeline_parallel")
 # A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
 # about two thirds of a step's computation (a backward costs about twice its forward).
 BACKWARD_SHARE = 2 / 3

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,10 +18,10 @@ from pipeline.errors import UserError
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.checked import BAND, band_text
+from pipeline.scaling.checked import BAND, NOT_PREDICTED, PREDICTABLE, band_text
 from pipeline.scaling.gloo_link import measure_gloo_link
 from pipeline.scaling.links import PRESETS, Link, check_link
-from pipeline.scaling.prediction import LEAVES_OUT, NOT_PREDICTED, PREDICTABLE, predict
+from pipeline.scaling.prediction import LEAVES_OUT, predict
 from pipeline.scaling.profile import measure_rank
 
 FULL_TRAIN = 60000  # Fashion-MNIST's training set, where the fetch stage has not run
@@ -58,8 +59,13 @@ def too_many_processes(device: torch.device, n: int) -> bool:
     return device.type == "cpu" and n > (os.cpu_count() or 1)
 
 
-def predict_strategy(cfg: Config, name: str, device: torch.device, link: Link) -> dict[str, Any]:
-    """`name`'s document: its epoch at each N of predict.gpus (single: the baseline)."""
+def predict_strategy(
+    cfg: Config, name: str, device: torch.device, link: Callable[[], Link]
+) -> dict[str, Any]:
+    """`name`'s document: its epoch at each N of predict.gpus (single: the baseline).
+    `link`: the link, measured or read the first time it is called (single needs none)."""
+    if name not in PREDICTABLE:
+        raise ValueError(f"{name}: {NOT_PREDICTED.get(name, 'not predicted')}")
     try:
         n_train = train_samples(cfg.data.limit_train)
     except UserError:  # not fetched: the full set's epoch
@@ -69,12 +75,6 @@ def predict_strategy(cfg: Config, name: str, device: torch.device, link: Link) -
         "strategy": name,
         "measured_on": device_name(device),
         "device": device.type,
-        "link": {
-            "name": link.name,
-            "busbw_GBps": link.busbw / 1e9,
-            "latency_us": link.latency_s * 1e6,
-            "source": link.source,
-        },
         "settings": {
             "model.width": cfg.model.width,
             "train.batch_size": cfg.train.batch_size,
@@ -88,11 +88,16 @@ def predict_strategy(cfg: Config, name: str, device: torch.device, link: Link) -
         "by_devices": {},
     }
     spec = resolve_run(cfg, name)
-    if name not in PREDICTABLE:
-        return {**doc, "not_predicted": NOT_PREDICTED.get(name, "not predicted")}
     if name == "single":  # one device at any N: what every speedup divides
         baseline = measure_rank(spec, 1, device, cfg.predict.time_s).step_s
         return {**doc, "baseline_step_s": baseline}
+    given = link()
+    doc["link"] = {
+        "name": given.name,
+        "busbw_GBps": given.busbw / 1e9,
+        "latency_us": given.latency_s * 1e6,
+        "source": given.source,
+    }
     for n in cfg.predict.gpus:
         if too_many_processes(device, n):
             why = f"this CPU's {os.cpu_count()} cores: at most {os.cpu_count()} processes"
@@ -100,7 +105,7 @@ def predict_strategy(cfg: Config, name: str, device: torch.device, link: Link) -
             continue
         try:
             timed_s = cfg.predict.time_s
-            doc["by_devices"][str(n)] = predict(spec, n, link, device, n_train, timed_s).to_json()
+            doc["by_devices"][str(n)] = predict(spec, n, given, device, n_train, timed_s).to_json()
         except UserError as err:  # e.g. more pipeline stages than devices
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": str(err)}
     return doc

@@ -173,7 +173,7 @@ def test_a_strategy_edit_makes_stale_the_train_stages_that_run_it(
         ("fsdp.nproc", 3, set()),  # fsdp is not in this project's strategies
         ("ddp.nproc", 3, {"train@ddp", "predict@ddp"}),  # a strategy's own section: its stages
         ("train.lr", 0.2, {"train@single", "train@ddp", "predict@single", "predict@ddp"}),
-        ("predict.link", "12", {"predict@single", "predict@ddp"}),
+        ("predict.link", "ib-ndr", {"predict@single", "predict@ddp"}),
         ("data.md5", None, {"fetch"}),
     ],
 )

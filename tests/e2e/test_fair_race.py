@@ -10,6 +10,7 @@ from support import run
 
 # on top of params.yaml's `quick`: what the test mirror holds, in seconds per stage
 SMALL = ["data.limit_train=512", "data.limit_test=128", "train.epochs=2", "train.batch_size=32"]
+SMALL += ["predict.gpus=[]"]  # the race is the measured answer's: no predictions
 # Every strategy as one process of one thread (tests' OMP_NUM_THREADS=1), as gpu-check runs
 # them on one device: each takes one core, so the load `make test` puts on the other core
 # (its second worker) weighs on every strategy alike. With ddp, fsdp and pipeline_parallel on

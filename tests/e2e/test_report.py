@@ -168,6 +168,28 @@ def test_mlflow_groups_the_strategy_runs_under_one_comparison(project):
         assert not any(k.startswith("system/gpu") for k in keys)  # a CPU run samples no GPU
 
 
+def test_the_predictions_are_a_section_of_their_own_and_named_so_in_mlflow(project):
+    """The predict stages of the same repro (2 devices, a 12 GB/s link as the tests give it):
+    a section after the plots whose every figure says predicted, with each predictable
+    strategy; its real 2-process runs stand beside their predictions; and the comparison
+    run's metrics of them are named predicted_."""
+    md = (project / "reports/summary.md").read_text()
+    section = md[md.index("## On N devices (predicted)") : md.index("## Notes")]
+    assert section.count("PREDICTED, not measured") == 1
+    rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines()[5:]}
+    assert {"ddp", "fsdp", "pipeline_parallel"} <= set(rows)
+    assert all(re.search(r"\(([+-]\d+)%\) \|$", rows[n]) for n in ("ddp", "fsdp"))
+    assert "dp: not predicted" in section and "balanced_dp: not predicted" in section
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tests")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'comparison'")
+    assert {k for k in parent.data.metrics} == {
+        f"predicted_2dev_{name}_{figure}"
+        for name in ("ddp", "fsdp", "pipeline_parallel")
+        for figure in ("epoch_s", "speedup", "efficiency")
+    }
+
+
 def test_dvc_plots_and_metrics_show_the_comparison(project):
     """Accuracy, training loss and samples/s by epoch are DVC data plots, a line per
     strategy (so `dvc plots diff` sets experiments side by side); the report's PNGs too."""

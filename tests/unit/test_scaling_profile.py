@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from pipeline.reporting.predicted import combine, text
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import resolve_run
 from pipeline.scaling import checked
+from pipeline.scaling.checked import not_predicted_document
 from pipeline.scaling.profile import measure_rank, measure_stages
 from pipeline.scaling.stage import predict_strategy, the_link
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
@@ -91,7 +93,8 @@ def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, m
     )
     link = the_link(cfg, CPU)
     assert link.busbw == 12e9
-    docs = {name: predict_strategy(cfg, name, CPU, link) for name in ("single", "dp", "ddp")}
+    docs = {name: predict_strategy(cfg, name, CPU, lambda: link) for name in ("single", "ddp")}
+    docs["dp"] = not_predicted_document("dp")  # written without torch (pipeline/predict.py)
     assert all(doc["kind"] == "predicted" for doc in docs.values())
     assert docs["single"]["baseline_step_s"] > 0 and docs["single"]["by_devices"] == {}
     assert "not modelled" in docs["dp"]["not_predicted"]
@@ -132,3 +135,26 @@ def test_a_bad_link_is_refused_in_one_line_naming_the_key(tmp_path):
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "predict.link" in line and "nvlink-h100" in line
+
+
+def test_this_machines_gloo_link_is_measured_between_two_processes():
+    link = the_link(load_config(None, [*TINY, "predict.link=auto"]), CPU)
+    assert link.busbw > 0 and link.latency_s > 0
+    assert link.source.startswith("measured") and "gloo" in link.name
+
+
+def test_no_n_asked_for_is_said_in_a_fraction_of_a_second(tmp_path):
+    """predict.gpus: [] writes each strategy's document saying so, without loading torch."""
+    shutil.copy(REPO / "params.yaml", tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pipeline.predict", "predict.gpus=[]"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.endswith("| torch")]
+    doc = json.loads((tmp_path / "predictions/ddp.json").read_text())
+    assert doc == not_predicted_document("ddp", checked.NONE_ASKED)
