@@ -27,7 +27,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,20 +109,30 @@ def from_fsdp() -> bool:
 
 
 @contextlib.contextmanager
+def cores_of_one_rank(device: torch.device, n: int) -> Iterator[None]:
+    """On a CPU, the threads one of n ranks gets (the launcher's OMP_NUM_THREADS), restored
+    after; on a GPU nothing changes."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
 def fake_world(world_size: int, device: torch.device) -> Iterator[DistContext]:
     """Rank 0 of `world_size` under the fake process group, with the cores such a rank gets."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
 
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        gpus = (str(device.index or 0),) if device.type == "cuda" else ()
-        yield DistContext(rank=0, local_rank=0, world_size=world_size, gpus=gpus)
-    finally:
-        dist.destroy_process_group()
-        torch.set_num_threads(threads)
+    with cores_of_one_rank(device, world_size):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        try:
+            gpus = (str(device.index or 0),) if device.type == "cuda" else ()
+            yield DistContext(rank=0, local_rank=0, world_size=world_size, gpus=gpus)
+        finally:
+            dist.destroy_process_group()
 
 
 def synthetic_data(n_train: int, device: torch.device) -> Any:
@@ -234,10 +244,7 @@ def measure_stages(
     options = spec.options
     stages, plan = options.stages, spec.plan
     micro = plan.micro // options.microbatches
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // stages))
-    try:
+    with cores_of_one_rank(device, stages):
         prec = build_precision(spec.train.precision, device, [None])
         model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
         bounds = pipeline_split(spec.name)(block_flops(model), stages)
@@ -269,11 +276,4 @@ def measure_stages(
         largest = model[bounds[sizes.index(max(sizes))] : bounds[sizes.index(max(sizes)) + 1]]
         optimizer = make_optimizer(largest.parameters(), spec.train)
         optimizer_s = timed(optimizer.step, device, seconds)
-    finally:
-        torch.set_num_threads(threads)
     return StageProfile(stages, micro, stage_s, boundary, optimizer_s)
-
-
-def with_batch(spec: RunSpec[Any], batch_size: int) -> RunSpec[Any]:
-    """`spec` at another global batch (its grad_accum kept)."""
-    return replace(spec, plan=type(spec.plan).make(batch_size, spec.plan.grad_accum))
