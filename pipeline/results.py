@@ -76,13 +76,19 @@ class EpochRow:
     # work: it is never a steady epoch, nor stands in for one (`is_split`). Records written
     # before it existed read as 0.
     resumed_at_step: int = 0
+    # The share of its training steps' runnable time the run's busiest rank spent waiting for
+    # a CPU core (pipeline/core_wait.py): the machine's load during the epoch, which the
+    # report's speed noise floor allows for. None where the kernel does not count it, and in
+    # records written before it existed (history.csv: an empty cell).
+    core_wait: Optional[float] = None
     # pipeline.memory.epoch_metrics: "memory/gpu_3_peak_allocated_mib" (training steps),
     # "memory/gpu_3_eval_peak_allocated_mib" (evaluation; `device_metric`), "mem_imbalance", ...
     memory: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """What MLflow logs for this epoch (at step = epoch)."""
-        return {**{name: float(getattr(self, name)) for name in METRIC_COLUMNS}, **self.memory}
+        values = {name: getattr(self, name) for name in METRIC_COLUMNS}
+        return {**{k: float(v) for k, v in values.items() if v is not None}, **self.memory}
 
     def to_record(self) -> dict[str, Any]:
         """The flat mapping a checkpoint record keeps."""
@@ -101,6 +107,7 @@ class EpochRow:
 
 HISTORY_COLUMNS = tuple(f.name for f in dataclasses.fields(EpochRow) if f.name != "memory")
 METRIC_COLUMNS = tuple(c for c in HISTORY_COLUMNS if c not in ("epoch", "ended_at"))
+OPTIONAL_COLUMNS = ("core_wait",)  # None where not measured: an empty history.csv cell
 
 
 @dataclass
@@ -252,6 +259,15 @@ def steady_spread(history: list[EpochRow]) -> Optional[float]:
     return max(r.samples_per_s for r in rows) - min(r.samples_per_s for r in rows)
 
 
+def core_wait(rows: list[EpochRow]) -> Optional[float]:
+    """The median of `rows`' core-wait shares (EpochRow.core_wait): the load the run saw;
+    None where any of them was not measured."""
+    shares = [r.core_wait for r in rows]
+    if not shares or None in shares:
+        return None
+    return statistics.median(shares)
+
+
 def _epochs(numbers: list[int]) -> str:
     if len(numbers) == 1:
         return f"epoch {numbers[0]}"
@@ -333,7 +349,9 @@ def headline(summary: RunSummary) -> dict[str, Optional[float]]:
 
 
 def history_csv(history: list[EpochRow]) -> str:
-    def cell(name: str, value: float | int) -> str:
+    def cell(name: str, value: float | int | None) -> str:
+        if value is None:
+            return ""  # not measured (EpochRow.core_wait)
         if isinstance(value, bool):
             return str(int(value))  # 0/1: a number for DVC plots and read_history
         if name == "ended_at":
@@ -401,13 +419,21 @@ def read_config(strategy: str, results: Path = RESULTS) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _number(column: str, cell: str) -> Optional[float]:
+    """A history.csv cell; an empty one is a figure not measured, where a column may be."""
+    return None if cell == "" and column in OPTIONAL_COLUMNS else float(cell)
+
+
 def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:
     path = results / strategy / HISTORY
     try:
         with path.open(newline="") as f:
             rows = [
                 EpochRow.from_record(
-                    {k: int(v) if k == "epoch" else float(v) for k, v in row.items()}
+                    {
+                        k: int(v) if k == "epoch" else _number(k, v)
+                        for k, v in row.items()
+                    }
                 )
                 for row in csv.DictReader(f)
             ]

@@ -485,18 +485,22 @@ def finished_run(
     devices: list[str] | None = None,
     features: dict | None = None,
     accuracy: list[float] | None = None,
+    waits: list[float] | None = None,
 ) -> tuple[Any, list[Any]]:
     """A finished run's summary and history (6000 samples an epoch, fp32, eager, unless
-    `features` says otherwise): its epochs took `seconds` (the first a warm-up) and reached
-    `accuracy` (0.8 every epoch unless given)."""
+    `features` says otherwise): its epochs took `seconds` (the first a warm-up), reached
+    `accuracy` (0.8 every epoch unless given) and waited `waits` for a core (unmeasured
+    unless given)."""
     from pipeline.results import EpochRow, RunSummary, speed_figures
 
     devices = devices or ["cpu"]
     accuracy = accuracy or [0.8] * len(seconds)
+    waits = waits or [None] * len(seconds)
     history, wall = [], 0.0
-    for epoch, (s, acc) in enumerate(zip(seconds, accuracy), 1):
+    for epoch, (s, acc, w) in enumerate(zip(seconds, accuracy, waits), 1):
         wall += s
-        history.append(EpochRow(epoch, 1.0, 0.5, 1.0, acc, s, 6000 / s, wall, warmup=epoch == 1))
+        row = EpochRow(epoch, 1.0, 0.5, 1.0, acc, s, 6000 / s, wall, warmup=epoch == 1, core_wait=w)
+        history.append(row)
     summary = RunSummary(
         strategy=name,
         world_size=1,

@@ -14,12 +14,21 @@ null group itself is always a tie, whatever order the strategies ran in.
 On a GPU the DataParallel wrapper itself costs a little time (scatter and gather around one
 device: 1 to 3% on an H200), which lands in the floor too: it can only call more ties, never
 a win that is not there.
+
+The A/A group runs back to back in some orders, and then sees none of the load that came and
+went while the other strategies ran (a neighbour's job, a second test worker: on a busy 2-core
+CI machine ddp, one process like single, once came out 1.24x single in one order and tied in
+the other). So every run also measures the machine's load over its epochs, from inside: the
+share of its runnable time its busiest rank spent waiting for a CPU core (core_wait.py). Two
+runs that waited w1 and w2 ran (1 - w1) / (1 - w2) apart by load alone; the largest such
+ratio between the strategies is the load floor, which widens the A/A floor (`widened`): a
+speed difference is called real only beyond both together.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeline.reporting.table import BASELINE, Row
@@ -33,18 +42,26 @@ FIGURES: dict[str, tuple[str, bool]] = {
     "throughput": ("steady_samples_per_s", False),  # (key, lower is better)
     "fastest_to_target": ("time_to_target_s", True),
 }
+# the load over the epochs each objective's figure is taken over (table.comparison_rows)
+LOADS = {"throughput": "steady_core_wait", "fastest_to_target": "core_wait"}
 
 
 @dataclass(frozen=True)
 class SpeedFloor:
     """The A/A group (single and the strategies that ran its computation at its cost here),
-    each speed objective's floor (the group's largest relative difference, a fraction; None
-    where fewer than two of them have the figure) and the figures it came from."""
+    each speed objective's floor (the group's largest relative difference widened by the
+    load floor: `widened`, a fraction; None where neither was measured) and what it came
+    from."""
 
     group: tuple[str, ...]
     floors: dict[str, Optional[float]]
     figures: dict[str, dict[str, float]]
     why_none: str = ""  # where there is no group: why, in words
+    # each objective's A/A spread alone, its load floor (`load_floor`) and every strategy's
+    # core-wait share it came from
+    aa: dict[str, Optional[float]] = field(default_factory=dict)
+    load: dict[str, Optional[float]] = field(default_factory=dict)
+    waits: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def floor(self, objective: str) -> Optional[float]:
         return self.floors.get(objective)
@@ -55,6 +72,9 @@ class SpeedFloor:
             "floors": self.floors,
             "figures": self.figures,
             "why_none": self.why_none or None,
+            "aa": self.aa,
+            "load": self.load,
+            "core_waits": self.waits,
         }
 
 
@@ -98,17 +118,41 @@ def relative_spread(values: Sequence[float]) -> Optional[float]:
     return max(values) / min(values) - 1
 
 
+def load_floor(waits: Sequence[float]) -> Optional[float]:
+    """How far apart the machine's load alone set runs that waited `waits` (shares of their
+    runnable time spent without a core): the largest ratio of the time they had a core, as
+    a fraction; None with fewer than two."""
+    return relative_spread([1 - w for w in waits])
+
+
+def widened(aa: Optional[float], load: Optional[float]) -> Optional[float]:
+    """The floor: the A/A ratio times the load's, less 1 (a difference the two together can
+    make: the A/A group shares its load when it runs back to back, so its spread is the
+    noise left at equal load); either alone where the other was not measured."""
+    if aa is None or load is None:
+        return aa if load is None else load
+    return (1 + aa) * (1 + load) - 1
+
+
 def speed_floor(rows: Sequence[Row]) -> SpeedFloor:
-    """The A/A group's floor for each speed objective."""
+    """Each speed objective's floor: the A/A group's spread widened by the load floor over
+    every strategy with the figure."""
     group, why = null_group(rows)
     by_name = {r["strategy"]: r for r in rows}
-    floors: dict[str, Optional[float]] = {}
+    floors, aa, load = {}, {}, {}
     figures: dict[str, dict[str, float]] = {}
+    waits: dict[str, dict[str, float]] = {}
     for objective, (key, _) in FIGURES.items():
         measured = {n: by_name[n][key] for n in group if by_name[n].get(key) is not None}
         figures[objective] = measured
-        floors[objective] = relative_spread(list(measured.values()))
-    return SpeedFloor(group, floors, figures, why)
+        aa[objective] = relative_spread(list(measured.values()))
+        timed = [r for r in rows if r.get(key) is not None]
+        waits[objective] = {
+            r["strategy"]: r[LOADS[objective]] for r in timed if r.get(LOADS[objective]) is not None
+        }
+        load[objective] = load_floor(list(waits[objective].values()))
+        floors[objective] = widened(aa[objective], load[objective])
+    return SpeedFloor(group, floors, figures, why, aa, load, waits)
 
 
 def within_floor(objective: str, best: float, value: float, floor: SpeedFloor) -> bool:
@@ -140,41 +184,70 @@ def _cells(figures: dict[str, float], shown: Callable[[float], str]) -> str:
     return ", ".join(f"{name} {shown(v)}" for name, v in figures.items())
 
 
+def _load_words(objective: str, floor: SpeedFloor) -> Optional[str]:
+    """The load floor in words: how long the strategies waited for a core, how far apart
+    that alone set them; None where it was not measured."""
+    bound, waits = floor.load.get(objective), floor.waits.get(objective, {})
+    if bound is None:
+        return None
+    low, high = min(waits.values()), max(waits.values())
+    return (
+        f"the machine's load: the strategies waited {low:.0%} to {high:.0%} of their runnable "
+        f"time for a CPU core, {bound:.1%} apart by that alone"
+    )
+
+
 def floor_reason(objective: str, floor: SpeedFloor) -> Optional[str]:
     """The answer's line for an objective: the floor it was judged against, measured how."""
     bound = floor.floor(objective)
     if bound is None:
         return None
-    figures = floor.figures[objective]
-    shown = (
-        (lambda v: f"{v:.0f} samples/s") if objective == "throughput" else (lambda v: f"{v:.1f} s")
-    )
-    return (
-        f"noise floor {bound:.1%} (A/A: {_and(list(figures))}, the same computation here: "
-        f"{_cells(figures, shown)}): a difference within it is a tie"
-    )
+    parts = []
+    if floor.aa.get(objective) is not None:
+        figures = floor.figures[objective]
+        shown = (
+            (lambda v: f"{v:.0f} samples/s")
+            if objective == "throughput"
+            else (lambda v: f"{v:.1f} s")
+        )
+        parts.append(
+            f"A/A: {_and(list(figures))}, the same computation here: {_cells(figures, shown)}"
+        )
+    load = _load_words(objective, floor)
+    if load is not None:
+        parts.append(load)
+    return f"noise floor {bound:.1%} ({'; '.join(parts)}): a difference within it is a tie"
 
 
 def floor_text(floor: SpeedFloor) -> str:
     """How speed noise was measured, for the report's noise paragraph."""
+    load = _load_words("throughput", floor)
+    load_text = (
+        f" Beside it, {load}, which widens the floor (each run counts it from inside, "
+        "Linux's schedstat: a run that waited a share w of its time ran about 1 / (1 - w) "
+        "times slower)."
+        if load
+        else ""
+    )
     if len(floor.group) < 2:
         return (
             f"Speed noise: {floor.why_none}; speed differences are tested against the "
             "epoch-to-epoch spread alone, which does not see the noise between processes "
             "(20 to 30% on a busy machine). On one device or a CPU, run dp beside single for "
-            "an A/A floor."
+            f"an A/A floor.{load_text}"
         )
     parts = []
     for objective, label in (("throughput", "steady samples/s"), ("fastest_to_target", "time")):
-        bound = floor.floor(objective)
+        bound = floor.aa.get(objective)
         if bound is not None:
             parts.append(f"{bound:.1%} in {label}")
     measured = "; ".join(parts) if parts else "not measured (fewer than two have the figures)"
     return (
         f"Speed noise: {_and(list(floor.group))} run the same computation at the same cost "
         f"here (an A/A check), so their difference is the run-to-run noise floor: "
-        f"{measured}. A throughput or time-to-target difference is called real only beyond "
-        "it, and beyond the larger epoch-to-epoch spread of samples/s of the two strategies; "
-        "every strategy ran with the same seed, data order and initial weights. Each figure "
-        "leaves out the warm-up epoch (its process's one-off start); time to target counts it."
+        f"{measured}.{load_text} A throughput or time-to-target difference is called real "
+        "only beyond it, and beyond the larger epoch-to-epoch spread of samples/s of the two "
+        "strategies; every strategy ran with the same seed, data order and initial weights. "
+        "Each figure leaves out the warm-up epoch (its process's one-off start); time to "
+        "target counts it."
     )

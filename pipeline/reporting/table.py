@@ -19,7 +19,14 @@ import re
 from collections.abc import Callable
 from typing import Any, Optional
 
-from pipeline.results import WARMUP_STANDS_IN, EpochRow, RunSummary, steady_spread
+from pipeline.results import (
+    WARMUP_STANDS_IN,
+    EpochRow,
+    RunSummary,
+    core_wait,
+    steady_rows,
+    steady_spread,
+)
 
 BASELINE = "single"
 Row = dict[str, Any]  # one strategy's row: its summary.json figures and the cross-strategy ones
@@ -77,6 +84,11 @@ def comparison_rows(
                 "steady_samples_per_s": r.steady_samples_per_s,
                 # max - min of the steady epochs' samples/s: a smaller difference is a tie
                 "steady_samples_per_s_spread": steady_spread(histories[r.strategy]),
+                # the share of the training steps' runnable time spent waiting for a CPU core
+                # (the machine's load: core_wait.py), over the epochs each speed figure is
+                # taken over; the noise floor allows for its differences (speed_noise.py)
+                "steady_core_wait": core_wait(steady_rows(histories[r.strategy])),
+                "core_wait": core_wait(histories[r.strategy]),
                 "speed_features": r.speed_features,  # what ran: precision, compile, graphs
                 "steady_basis": r.steady_basis,
                 "speed_note": r.speed_note,  # why a speed figure is empty or includes warm-up

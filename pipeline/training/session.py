@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pipeline import memory
+from pipeline import core_wait, memory
 from pipeline.checkpoints.checkpoint import Position
 from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy, Progress
 from pipeline.checkpoints.hardware import run_hardware
@@ -157,6 +157,7 @@ def train_epochs(session: Session, progress: Progress) -> RunSummary | None:
     hooks.at("start")
     for epoch in range(progress.position.epoch, session.spec.train.epochs):
         memory.reset_peaks(mem_devices)
+        cores_before = core_wait.read()  # the machine's load over the steps (issue 51)
         t0 = time.perf_counter()
         # this process's first epoch (fresh or resumed): it pays the start's one-off work
         warmup = epoch == progress.position.epoch
@@ -184,6 +185,7 @@ def train_epochs(session: Session, progress: Progress) -> RunSummary | None:
         # every step of the epoch, those before a resume included; a checkpoint that did not
         # record their seconds leaves steps first_step.. (and their samples) to count
         seconds = time.perf_counter() - t0 + (before or 0.0)
+        waited = core_wait.wait_share(cores_before, core_wait.read())
         counted_from = first_step if before is None else 0
         if live is not None:
             live.end()  # outside the epoch's time; the device is idle: no wait
@@ -210,6 +212,7 @@ def train_epochs(session: Session, progress: Progress) -> RunSummary | None:
             ended_at=time.time(),
             warmup=warmup,
             resumed_at_step=first_step,
+            core_wait=core_wait.busiest(waited, ctx),  # a collective, like the peaks'
             memory=memory.epoch_metrics(*peaks),
         )
         history.append(row)  # before the save: the checkpoint's record holds this epoch

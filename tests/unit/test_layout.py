@@ -304,7 +304,8 @@ def test_every_command_has_help(command):
 LAYERS = [
     {"config"},
     {"errors"},
-    {"context", "batch_plan", "memory", "files", "locks", "results", "timeline", "interrupts"},
+    {"context", "batch_plan", "memory", "core_wait", "files", "locks", "results", "timeline"}
+    | {"interrupts"},
     {"data", "resnet"},
     {"strategies", "run_spec"},
     {"tracking"},

@@ -177,3 +177,44 @@ def test_the_tables_speedup_says_when_it_lies_within_the_floor():
         "1.33x (133%)",
         "0.98x (98%, within noise)",
     ]
+
+
+# --- the machine's load -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("waits", "floor"),
+    [([], None), ([0.2], None), ([0.0, 0.5], 1.0), ([0.1, 0.1], 0.0), ([0.3, 0.0, 0.1], 0.3 / 0.7)],
+)
+def test_the_load_floor_is_the_largest_ratio_of_time_with_a_core(waits, floor):
+    assert speed_noise.load_floor(waits) == pytest.approx(floor)
+
+
+def test_the_floor_is_the_aa_ratio_widened_by_the_loads():
+    assert speed_noise.widened(0.02, 0.25) == pytest.approx(1.02 * 1.25 - 1)
+    assert speed_noise.widened(0.02, None) == 0.02
+    assert speed_noise.widened(None, 0.25) == 0.25
+    assert speed_noise.widened(None, None) is None
+
+
+def test_cis_busy_order_is_a_tie_once_the_load_is_counted():
+    """CI's failing run, in its shape: single, dp and balanced_dp back to back under a busy
+    neighbour (a 2% A/A floor), then ddp, one process like them, 1.24x single's samples/s
+    while the neighbour was quiet. Without the load it was a win; with the waits measured
+    it is a tie with all three, whose floor the answer shows."""
+    loaded = [0.30, 0.30, 0.30]
+    steady = {"single": 2.0, "dp": 2.04, "balanced_dp": 2.02}
+    group = [run(name, [3, s, s], waits=loaded) for name, s in steady.items()]
+    ddp = run("ddp", [3, 1.613, 1.613], waits=[0.15, 0.13, 0.13])  # 1.24x single
+    assert picks(rows_of(*group, ddp))["throughput"] == ("ddp", "single", "balanced_dp", "dp")
+    blind = [run(name, [3, s, s]) for name, s in steady.items()]  # the same, unmeasured
+    assert picks(rows_of(*blind, run("ddp", [3, 1.613, 1.613])))["throughput"] == ("ddp",)
+    floor = speed_noise.speed_floor(rows_of(*group, ddp))
+    assert floor.aa["throughput"] == pytest.approx(0.02)
+    assert floor.load["throughput"] == pytest.approx(0.87 / 0.70 - 1)  # 24.3%
+    assert floor.floor("throughput") == pytest.approx(1.02 * 0.87 / 0.70 - 1)  # 26.8%
+    reason = speed_noise.floor_reason("throughput", floor)
+    assert reason.startswith("noise floor 26.8% (A/A: single, dp and balanced_dp")
+    assert "waited 13% to 30% of their runnable time for a CPU core, 24.3% apart" in reason
+    text = answer.recommend(rows_of(*group, ddp), None).speed_noise
+    assert "Beside it, the machine's load: the strategies waited 13% to 30%" in text

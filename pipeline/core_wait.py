@@ -1,0 +1,71 @@
+"""How long a training process waited for a CPU core: the machine's load, seen from inside
+the run, so that the report can tell a faster strategy from a quieter moment (issue 51).
+
+Linux counts, for every thread, the time it ran and the time it was ready to run but waited
+in a run queue for a core (/proc/<pid>/task/<tid>/schedstat: ns on a CPU, ns waiting, time
+slices). A process that waited a share w of its runnable time ran about 1 / (1 - w) times
+slower than it would have with a core of its own: on this project's 2-core VM, a one-thread
+loop beside two busy neighbours took 0.29 s instead of 0.18 s with w = 0.37, and
+0.29 x (1 - 0.37) = 0.18. Two stages of a race that waited differently were timed on
+different machines, in effect; the report widens its noise floor by that difference
+(reporting/speed_noise.py). Sleeping (a collective waiting for a peer, I/O) is not a wait
+here: only time spent runnable without a core is.
+
+Elsewhere (macOS, a kernel without schedstats) nothing is measured: None, said so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+from pipeline.context import DistContext
+
+# thread id -> (ns it ran, ns it waited for a core)
+Times = Mapping[str, tuple[int, int]]
+
+
+def read(tasks: Path | None = None) -> Optional[Times]:
+    """Every thread of this process's times so far; None where the kernel keeps none."""
+    tasks = tasks or Path(f"/proc/{os.getpid()}/task")  # this process's, forked or not
+    times = {}
+    try:
+        threads = list(tasks.iterdir())
+    except OSError:
+        return None
+    for thread in threads:
+        try:
+            ran, waited, _slices = (thread / "schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile, or no schedstats on this kernel
+        times[thread.name] = (int(ran), int(waited))
+    return times or None
+
+
+def wait_share(before: Optional[Times], after: Optional[Times]) -> Optional[float]:
+    """The share of the process's runnable time between two reads that it spent waiting for
+    a core, over all its threads (one that started meanwhile counts from 0, one that ended
+    is lost: the helpers' are short-lived and small). None where either read found nothing,
+    or no thread ran."""
+    if before is None or after is None:
+        return None
+    ran = waited = 0
+    for thread, (r, w) in after.items():
+        r0, w0 = before.get(thread, (0, 0))
+        ran, waited = ran + r - r0, waited + w - w0
+    return waited / (ran + waited) if ran + waited > 0 else None
+
+
+def busiest(share: Optional[float], ctx: DistContext) -> Optional[float]:
+    """The largest share over the ranks (a collective: every rank calls it): every step of a
+    multi-process strategy waits for its slowest rank. None where a rank measured none."""
+    if ctx.world_size == 1:
+        return share
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, share)
+    return None if None in everyone else max(everyone)
+
