@@ -262,8 +262,8 @@ def steady_spread(history: list[EpochRow]) -> Optional[float]:
 def core_wait(rows: list[EpochRow]) -> Optional[float]:
     """The median of `rows`' core-wait shares (EpochRow.core_wait): the load the run saw;
     None where any of them was not measured."""
-    shares = [r.core_wait for r in rows]
-    if not shares or None in shares:
+    shares = [r.core_wait for r in rows if r.core_wait is not None]
+    if not shares or len(shares) < len(rows):
         return None
     return statistics.median(shares)
 
@@ -430,10 +430,7 @@ def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:
         with path.open(newline="") as f:
             rows = [
                 EpochRow.from_record(
-                    {
-                        k: int(v) if k == "epoch" else _number(k, v)
-                        for k, v in row.items()
-                    }
+                    {k: int(v) if k == "epoch" else _number(k, v) for k, v in row.items()}
                 )
                 for row in csv.DictReader(f)
             ]

@@ -42,7 +42,8 @@ def test_read_finds_this_process_threads():
     ("before", "after", "share"),
     [
         ({"1": (100, 0)}, {"1": (400, 100)}, 0.25),  # ran 300, waited 100
-        ({"1": (100, 0)}, {"1": (400, 100), "2": (100, 100)}, 1 / 3),  # a new thread counts from 0: 200 of 600
+        # a new thread counts from 0: 200 of 600
+        ({"1": (100, 0)}, {"1": (400, 100), "2": (100, 100)}, 1 / 3),
         ({"1": (100, 0), "2": (5, 5)}, {"1": (200, 0)}, 0.0),  # an ended thread is lost
         ({"1": (100, 0)}, {"1": (100, 0)}, None),  # nothing ran
         (None, {"1": (1, 1)}, None),
