@@ -68,4 +68,3 @@ def busiest(share: Optional[float], ctx: DistContext) -> Optional[float]:
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, share)
     return None if None in everyone else max(everyone)
-

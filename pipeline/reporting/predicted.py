@@ -121,13 +121,53 @@ def footer(predicted: dict[str, Any]) -> list[str]:
         if "checked" in row
     }
     lines += [f"Error band of {name}: {checked}" for name, checked in bands.items()]
+    memory = memory_line(predicted)
+    if memory is not None:
+        lines.append(memory)
     lines.append("Left out of every prediction: " + "; ".join(predicted["leaves_out"]) + ".")
     return lines
 
 
+def peak_cell(row: dict[str, Any]) -> str:
+    """The busiest device's predicted training peak, MiB; "" where not predicted."""
+    peaks = row.get("predicted_peak_mib")
+    return f"{max(peaks.values()):.0f}" if peaks else ""
+
+
+def memory_line(predicted: dict[str, Any]) -> str | None:
+    """How the per-device peaks were predicted and checked; None where none was."""
+    rows = [r for by_name in predicted["by_devices"].values() for r in by_name.values()]
+    rows = [r for r in rows if r.get("predicted_peak_mib")]
+    if not rows:
+        return None
+    data = rows[0]["resident_data_mib"]
+    unpredicted = sorted(
+        {
+            r["strategy"]
+            for by_name in predicted["by_devices"].values()
+            for r in by_name.values()
+            if "predicted_epoch_s" in r and not r.get("predicted_peak_mib")
+        }
+    )
+    checked = (
+        "On a CPU it is tensor memory (torch's MemTracker), checked rank by rank against real "
+        "N-process gloo runs: within 0.3% (benchmarks/memory_check.py); a CPU run's own figure "
+        "is its process's RSS, torch itself included, so none stands beside it."
+        if predicted["device"] == "cpu"
+        else "On a GPU it is the allocator's peak over the step; not yet checked against "
+        "real ranks on one device (that needs gpu-check's shared-device runs): unchecked."
+    )
+    missing = f" Not predicted yet: {', '.join(unpredicted)}'s." if unpredicted else ""
+    return (
+        f"Peak MiB per device (predicted): the busiest rank's training step at its peak, "
+        f"stepped by the strategy's own code at world size N (rank 0, and FSDP's last rank), "
+        f"plus the {data:.0f} MiB of data every device holds. {checked}{missing}"
+    )
+
+
 def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]:
     if "not_predicted" in row:
-        return [row["strategy"], row["not_predicted"], "", "", "", "", ""]
+        return [row["strategy"], row["not_predicted"], "", "", "", "", "", ""]
     band = f"±{row['band']:.0%}" if row.get("band") is not None else "unchecked"
     measured = "" if checked is None else f"{checked[1]:.2f} ({checked[0] / checked[1] - 1:+.0%})"
     speedup = row.get("predicted_speedup")
@@ -138,6 +178,7 @@ def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]
         "" if speedup is None else f"{speedup:.2f}x",
         "" if speedup is None else f"{row['predicted_efficiency']:.0%}",
         f"{row['exposed_communication_s'] * 1000:.1f}",
+        peak_cell(row),
         measured,
     ]
 
@@ -149,6 +190,7 @@ HEADER = [
     "speedup (predicted)",
     "efficiency (predicted)",
     "comm waited, ms/step (predicted)",
+    "peak MiB per device (predicted)",
     "measured s/epoch (error)",
 ]
 
@@ -213,6 +255,8 @@ def mlflow_metrics(predicted: dict[str, Any]) -> dict[str, float]:
             for figure in ("epoch_s", "speedup", "efficiency"):
                 if f"predicted_{figure}" in row:
                     out[f"{prefix}_{figure}"] = row[f"predicted_{figure}"]
+            if row.get("predicted_peak_mib"):
+                out[f"{prefix}_peak_mib"] = max(row["predicted_peak_mib"].values())
     return out
 
 

@@ -9,15 +9,17 @@ time at N would need a model no run here can check (on a CPU DataParallel runs u
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pipeline.errors import UserError
+from pipeline.resnet import INPUT_SHAPE
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.links import Link
-from pipeline.scaling.profile import RankProfile, measure_rank, measure_stages
+from pipeline.scaling.profile import RankMemory, RankProfile, measure_rank, measure_stages
 from pipeline.scaling.step_time import StepPrediction, data_parallel_step, pipeline_step
 
 # A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
@@ -32,6 +34,27 @@ LEAVES_OUT = (
 )
 
 
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class DataSize:
+    """The data a run trains and tests on: every rank keeps all of it on its device
+    (data/device_data.py), uint8 images and int64 labels, beside its step's peak."""
+
+    train: int  # the samples an epoch draws from
+    test: int
+
+    @property
+    def resident_bytes(self) -> int:
+        return (self.train + self.test) * (math.prod(INPUT_SHAPE) + 8)
+
+
+def peak_mib(memory: RankMemory, data: DataSize) -> float:
+    """A rank's training peak on its device: its step's (profile.RankMemory) and the data."""
+    return (memory.step_bytes + data.resident_bytes) / MIB
+
+
 @dataclass(frozen=True)
 class Prediction:
     strategy: str
@@ -42,6 +65,20 @@ class Prediction:
     epoch_s: float
     samples_per_s: float
     per_rank_batch: int
+    data: DataSize
+    memory: tuple[RankMemory, ...]  # the ranks' steps at their peaks; () where not predicted
+
+    def memory_json(self) -> dict[str, Any]:
+        if not self.memory:
+            return {}
+        on_gpu = self.memory[0].allocator is not None
+        return {
+            # each rank measured (rank 0; the last too where shards differ) -> its peak
+            "predicted_peak_mib": {str(m.rank): peak_mib(m, self.data) for m in self.memory},
+            "peak_measured_as": "the allocator's peak" if on_gpu else "tensors (MemTracker)",
+            "resident_data_mib": self.data.resident_bytes / MIB,
+            "predicted_step_tensors_mib": {k: v / MIB for k, v in self.memory[0].tensors.items()},
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,13 +94,15 @@ class Prediction:
             "bubble_s": self.step.bubble_s,
             "per_rank_batch": self.per_rank_batch,
             "steps_per_epoch": self.steps_per_epoch,
+            **self.memory_json(),
         }
 
 
 def predict_step(
     spec: RunSpec[Any], n: int, link: Link, device: torch.device, seconds: float
-) -> tuple[int, StepPrediction, int]:
-    """(devices used, the step predicted, the per-rank batch) of `spec` asked to run on n."""
+) -> tuple[int, StepPrediction, int, tuple[RankMemory, ...]]:
+    """(devices used, the step predicted, the per-rank batch, the ranks' step memory: none
+    for a pipeline yet) of `spec` asked to run on n."""
     overlaps = device.type == "cuda"
     if spec.name == "pipeline_parallel":
         stages = spec.options.stages
@@ -81,20 +120,20 @@ def predict_step(
             s.optimizer_s,
             link,
         )
-        return stages, step, spec.plan.micro
+        return stages, step, spec.plan.micro, ()
     profile: RankProfile = measure_rank(spec, n, device, seconds)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
     step = data_parallel_step(profile.step_s, window, profile.traffic, n, link, overlaps)
-    return n, step, profile.per_rank_batch
+    return n, step, profile.per_rank_batch, profile.memory
 
 
 def predict(
-    spec: RunSpec[Any], n: int, link: Link, device: torch.device, n_train: int, seconds: float
+    spec: RunSpec[Any], n: int, link: Link, device: torch.device, data: DataSize, seconds: float
 ) -> Prediction:
-    """`spec`'s epoch of `n_train` samples on n devices; its steps timed for `seconds`."""
-    devices, step, per_rank = predict_step(spec, n, link, device, seconds)
-    plan = spec.job_plan(devices, n_train)
+    """`spec`'s epoch of `data` on n devices; its steps timed for `seconds`."""
+    devices, step, per_rank, memory = predict_step(spec, n, link, device, seconds)
+    plan = spec.job_plan(devices, data.train)
     epoch_s = plan.steps * step.step_s
     return Prediction(
         strategy=spec.name,
@@ -105,4 +144,6 @@ def predict(
         epoch_s=epoch_s,
         samples_per_s=plan.samples_per_epoch / epoch_s,
         per_rank_batch=per_rank,
+        data=data,
+        memory=memory,
     )

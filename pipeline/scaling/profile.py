@@ -64,12 +64,31 @@ COLLECTIVES = {
 
 
 @dataclass(frozen=True)
+class RankMemory:
+    """One rank's training step at its peak, as the strategy's own code reached it: what its
+    tensors held, by kind (MemTracker's "Parameter", "Gradient", "Optstate", "Activation",
+    "Temp", ... and "Total"), and on a GPU the allocator's peak over the step (what a run
+    reports as its peak allocated, less the data the run keeps on the device)."""
+
+    rank: int
+    tensors: dict[str, int]  # bytes
+    allocator: int | None  # bytes, the profile's own small data set left out; None on a CPU
+
+    @property
+    def step_bytes(self) -> int:
+        return self.allocator if self.allocator is not None else self.tensors["Total"]
+
+
+@dataclass(frozen=True)
 class RankProfile:
     strategy: str
     world_size: int
     per_rank_batch: int
     step_s: float  # the median optimizer step of rank 0, its communication removed
     traffic: Traffic  # what that step would have sent
+    # rank 0's step at its peak; with sharded parameters the last rank's too (its shard is
+    # the smaller where they do not divide evenly)
+    memory: tuple[RankMemory, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,15 +141,16 @@ def cores_of_one_rank(device: torch.device, n: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def fake_world(world_size: int, device: torch.device) -> Iterator[DistContext]:
-    """Rank 0 of `world_size` under the fake process group, with the cores such a rank gets."""
+def fake_world(world_size: int, device: torch.device, rank: int = 0) -> Iterator[DistContext]:
+    """Rank `rank` of `world_size` under the fake process group, with the cores such a rank
+    gets."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
 
     with cores_of_one_rank(device, world_size):
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
             gpus = (str(device.index or 0),) if device.type == "cuda" else ()
-            yield DistContext(rank=0, local_rank=0, world_size=world_size, gpus=gpus)
+            yield DistContext(rank=rank, local_rank=0, world_size=world_size, gpus=gpus)
         finally:
             dist.destroy_process_group()
 
@@ -196,36 +216,101 @@ def timed(step: Callable[[], None], device: torch.device, seconds: float) -> flo
     return statistics.median(means)
 
 
+@dataclass(frozen=True)
+class BuiltRank:
+    training: Training
+    step: Callable[[], None]  # one optimizer step: the loop's own, eager
+    data_bytes: int  # what its (synthetic, small) data set holds on the device
+
+
+@contextlib.contextmanager
+def one_rank(
+    spec: RunSpec[Any], ctx: DistContext, device: torch.device, steps: int
+) -> Iterator[BuiltRank]:
+    """`spec`'s training as rank ctx.rank builds it, on synthetic data for `steps` optimizer
+    steps (then round again), and its step."""
+    torch.manual_seed(spec.seed)
+    data = synthetic_data(spec.plan.batch_size * steps, device)
+    plan = spec.job_plan(ctx.world_size, len(data.train_labels))
+    training = build_training(spec, ctx, data, plan)
+    training.run.module.train()
+    batches = (b for epoch in itertools.count() for b in training.loader.epoch(epoch))
+    totals = torch.zeros(3, device=device)
+
+    def step() -> None:
+        _, micro_batches = next(batches)
+        eager_step(training, micro_batches, totals)
+
+    held = sum(t.numel() * t.element_size() for t in vars(data).values())
+    try:
+        yield BuiltRank(training, step, held)
+    finally:
+        training.run.release()
+
+
+def step_memory(rank: BuiltRank, device: torch.device) -> RankMemory:
+    """One more step of a warmed-up rank, at its peak: MemTracker follows every tensor it
+    makes and the module's parameters, gradients and optimizer states from before; on a GPU
+    the allocator's peak is read over the same step, its data set left out."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(rank.training.run.module, rank.training.optimizer)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with tracker:
+        rank.step()
+    allocator = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        allocator = torch.cuda.max_memory_allocated(device) - rank.data_bytes
+    peak = next(v for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device.type)
+    tensors = {getattr(k, "value", str(k)): n for k, n in peak.items()}
+    return RankMemory(dist.get_rank(), tensors, allocator)
+
+
 def measure_rank(
     spec: RunSpec[Any], world_size: int, device: torch.device, seconds: float = TIMED_S
 ) -> RankProfile:
     """Rank 0 of a `world_size` job of `spec`'s data-parallel strategy, its steps timed for
-    `seconds` (timed)."""
+    `seconds` (timed), and its step's memory at the peak; with sharded parameters, the last
+    rank's memory too."""
     steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
-    with fake_world(world_size, device) as ctx:
-        torch.manual_seed(spec.seed)
-        data = synthetic_data(spec.plan.batch_size * steps, device)
-        plan = spec.job_plan(world_size, len(data.train_labels))
-        training = build_training(spec, ctx, data, plan)
+    with fake_world(world_size, device) as ctx, one_rank(spec, ctx, device, steps) as rank:
         log = SentLog()
-        stand_in_for_ddp_all_reduce(training, log)
-        training.run.module.train()
-        batches = (b for epoch in itertools.count() for b in training.loader.epoch(epoch))
-        totals = torch.zeros(3, device=device)
-
-        def step() -> None:
-            _, micro_batches = next(batches)
-            eager_step(training, micro_batches, totals)
-
-        step_s = timed(step, device, seconds)
+        stand_in_for_ddp_all_reduce(rank.training, log)
+        step_s = timed(rank.step, device, seconds)
         # what one more step sends, read apart: the dispatcher mode sees every operator in
         # Python, which would add a third to a small model's step on a CPU
         log.calls.clear()
         with log:
-            step()
+            rank.step()
         sent = Traffic(tuple(log.calls))
-        training.run.release()
-    return RankProfile(spec.name, world_size, plan.per_rank, step_s, sent)
+        memory = [step_memory(rank, device)]
+        per_rank = rank.training.plan.per_rank
+    if spec.facts.sharded_parameters and world_size > 1:
+        memory.append(fake_rank_memory(spec, world_size, device, world_size - 1))
+    return RankProfile(spec.name, world_size, per_rank, step_s, sent, tuple(memory))
+
+
+def rank_memory(spec: RunSpec[Any], ctx: DistContext, device: torch.device) -> RankMemory:
+    """ctx's rank of `spec`'s job in the process group that is up, fake or real: its step at
+    the peak (step_memory), after a first step that makes the gradients and the optimizer's
+    states. The fake group's DDP all-reduce is stood in for."""
+    with one_rank(spec, ctx, device, 2) as built:
+        if dist.get_backend() == "fake":
+            stand_in_for_ddp_all_reduce(built.training, SentLog())
+        built.step()
+        return step_memory(built, device)
+
+
+def fake_rank_memory(
+    spec: RunSpec[Any], world_size: int, device: torch.device, rank: int
+) -> RankMemory:
+    """Rank `rank` of `world_size`'s step memory under the fake process group."""
+    with fake_world(world_size, device, rank) as ctx:
+        return rank_memory(spec, ctx, device)
 
 
 def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:

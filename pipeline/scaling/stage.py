@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from pipeline.config import Config
-from pipeline.data.fashion_mnist import train_samples
+from pipeline.data.fashion_mnist import DATA_DIR, load_arrays
 from pipeline.errors import UserError
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
@@ -21,10 +21,24 @@ from pipeline.run_spec import resolve_run
 from pipeline.scaling.checked import BAND, NOT_PREDICTED, PREDICTABLE, band_text
 from pipeline.scaling.gloo_link import measure_gloo_link
 from pipeline.scaling.links import PRESETS, Link, check_link
-from pipeline.scaling.prediction import LEAVES_OUT, predict
+from pipeline.scaling.prediction import LEAVES_OUT, DataSize, predict
 from pipeline.scaling.profile import measure_rank
 
-FULL_TRAIN = 60000  # Fashion-MNIST's training set, where the fetch stage has not run
+# Fashion-MNIST's training and test sets, where the fetch stage has not run
+FULL_TRAIN, FULL_TEST = 60000, 10000
+
+
+def data_size(cfg: Config) -> DataSize:
+    """What the runs train and test on: the fetched sets cut to data.limit_*, or where the
+    fetch stage has not run, the full sets' sizes so cut."""
+    try:
+        arrays = load_arrays(DATA_DIR, ["train_labels", "test_labels"])
+        sizes = len(arrays["train_labels"]), len(arrays["test_labels"])
+    except UserError:  # not fetched
+        sizes = FULL_TRAIN, FULL_TEST
+    limits = cfg.data.limit_train, cfg.data.limit_test
+    train, test = (min(n, limit or n) for n, limit in zip(sizes, limits))
+    return DataSize(train, test)
 
 
 def measuring_device(devices: str) -> torch.device:
@@ -66,10 +80,7 @@ def predict_strategy(
     `link`: the link, measured or read the first time it is called (single needs none)."""
     if name not in PREDICTABLE:
         raise ValueError(f"{name}: {NOT_PREDICTED.get(name, 'not predicted')}")
-    try:
-        n_train = train_samples(cfg.data.limit_train)
-    except UserError:  # not fetched: the full set's epoch
-        n_train = min(FULL_TRAIN, cfg.data.limit_train or FULL_TRAIN)
+    data = data_size(cfg)
     doc: dict[str, Any] = {
         "kind": PREDICTED,  # every figure of it is a prediction, never a measurement
         "strategy": name,
@@ -80,7 +91,8 @@ def predict_strategy(
             "train.batch_size": cfg.train.batch_size,
             "train.grad_accum": cfg.train.grad_accum,
             "train.precision": cfg.train.precision,
-            "train_samples": n_train,
+            "train_samples": data.train,
+            "test_samples": data.test,
         },
         "band": BAND.get(name),
         "checked": band_text(name, device.type == "cuda"),
@@ -105,7 +117,7 @@ def predict_strategy(
             continue
         try:
             timed_s = cfg.predict.time_s
-            doc["by_devices"][str(n)] = predict(spec, n, given, device, n_train, timed_s).to_json()
+            doc["by_devices"][str(n)] = predict(spec, n, given, device, data, timed_s).to_json()
         except UserError as err:  # e.g. more pipeline stages than devices
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": str(err)}
     return doc

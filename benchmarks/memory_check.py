@@ -1,0 +1,135 @@
+"""Per-device memory at N, predicted from one process, checked against real N-process runs
+(issue 48, goal 2, its CPU half): ddp and fsdp predicted at N by the predict stage's own code
+(each role's rank stepped at world size N under the fake process group: profile.measure_rank),
+then run for real as N gloo processes on this CPU, every rank's step at its peak read the same
+way (MemTracker: profile.rank_memory), rank by rank.
+
+    python -m benchmarks.memory_check                   # N = 2 and 4
+    python -m benchmarks.memory_check --gpus 2 --set model.width=8
+
+What is compared is the step's tensor memory, the part the prediction runs code for; the data
+each device holds beside it is arithmetic (prediction.DataSize), the same in both. On a CPU a
+run reports its process's RSS, which also holds torch itself, so no stage's figure is compared
+here; on a GPU the check is against the allocator's peak of real ranks sharing the device,
+which needs a GPU (docs/scaling.md). Goal: within 5% per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from benchmarks.bench import machine, write_result
+from benchmarks.e2e import result_head
+from pipeline.config import load_config
+from pipeline.context import DistContext
+from pipeline.run_spec import resolve_run
+from pipeline.scaling.profile import RankMemory, measure_rank, rank_memory
+
+STRATEGIES = ("ddp", "fsdp")
+GOAL = 0.05
+SETTINGS = ["model.width=16", "train.batch_size=128"]
+FEW = 1e-6  # seconds of timing: the memory is what is read here
+
+
+def _real_rank(rank: int, world: int, port: int, name: str, overrides: list[str], out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        spec = resolve_run(load_config(None, overrides), name)
+        ctx = DistContext(rank=rank, local_rank=rank, world_size=world, gpus=())
+        out.put(rank_memory(spec, ctx, torch.device("cpu")))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def real_ranks(name: str, world: int, overrides: list[str]) -> dict[int, RankMemory]:
+    """Every rank of a real `world`-process gloo job of `name`: its step at the peak."""
+    spawn = mp.get_context("spawn")
+    out = spawn.SimpleQueue()
+    port = free_port()
+    procs = [
+        spawn.Process(target=_real_rank, args=(r, world, port, name, overrides, out))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    got = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise SystemExit(f"memory_check: {name} rank exited {p.exitcode}")
+    return {m.rank: m for m in got}
+
+
+def check(name: str, world: int, overrides: list[str]) -> dict[str, Any]:
+    """`name` at `world`: every real rank against the prediction of its role (the rank the
+    prediction measured of that number, else rank 0, which speaks for the ranks between)."""
+    spec = resolve_run(load_config(None, overrides), name)
+    predicted = {m.rank: m for m in measure_rank(spec, world, torch.device("cpu"), FEW).memory}
+    real = real_ranks(name, world, overrides)
+    ranks = {}
+    for rank, measured in sorted(real.items()):
+        role = predicted.get(rank, predicted[0])
+        mine, theirs = role.tensors["Total"], measured.tensors["Total"]
+        ranks[str(rank)] = {
+            "predicted_as_rank": role.rank,
+            "predicted_step_bytes": mine,
+            "measured_step_bytes": theirs,
+            "error": mine / theirs - 1,
+            "predicted_parts": role.tensors,
+            "measured_parts": measured.tensors,
+        }
+    return {"world_size": world, "ranks": ranks}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, nargs="*", default=[2, 4])
+    parser.add_argument("--set", nargs="*", default=[], help="more key=value settings")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    overrides = [*SETTINGS, *args.set]
+    label, info = machine(torch.device("cpu"))
+    load_before = os.getloadavg()
+    rows = {}
+    for name in STRATEGIES:
+        for world in args.gpus:
+            row = check(name, world, overrides)
+            rows[f"{name}@{world}"] = row
+            for rank, r in row["ranks"].items():
+                print(
+                    f"memory_check: {name} at {world}, rank {rank}: predicted "
+                    f"{r['predicted_step_bytes'] / 2**20:.2f} MiB, measured "
+                    f"{r['measured_step_bytes'] / 2**20:.2f} MiB ({r['error']:+.1%})",
+                    flush=True,
+                )
+    worst = max(abs(r["error"]) for row in rows.values() for r in row["ranks"].values())
+    result = {
+        **result_head(label, info, load_before, {"gpus": args.gpus, "overrides": overrides}),
+        "goal": f"|predicted / measured - 1| <= {GOAL:.0%} per rank",
+        "checks": rows,
+        "worst_error": worst,
+        "within_goal": worst <= GOAL,
+    }
+    path = write_result(result, "memory-check", args.out)
+    print(f"memory_check: wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
