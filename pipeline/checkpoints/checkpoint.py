@@ -69,7 +69,7 @@ from pipeline.checkpoints.checkpoint_files import (
     read_rank_state,
     start_over,
 )
-from pipeline.errors import UserError
+from pipeline.errors import UserError, disk_full, out_of_space
 from pipeline.files import atomic_write
 from pipeline.results import CHECKPOINT_RECORD, read_checkpoint_record
 
@@ -271,15 +271,25 @@ class Checkpointer:
             shutil.rmtree(target)  # left by a save that never committed
         _barrier()
         target.mkdir(exist_ok=True)
-        if sharded is not None:
-            # state every rank holds alike is written once, by rank 0 (the writer of
-            # data-parallel runs, whose BatchNorm statistics are the ones that count)
-            dcp.save(
-                sharded,
-                checkpoint_id=target,
-                planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
-            )
-        atomic_write(target / f"rank{self.rank}.pt", lambda tmp: torch.save(_cpu(state), tmp))
+        try:
+            if sharded is not None:
+                # state every rank holds alike is written once, by rank 0 (the writer of
+                # data-parallel runs, whose BatchNorm statistics are the ones that count)
+                dcp.save(
+                    sharded,
+                    checkpoint_id=target,
+                    planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
+                )
+            atomic_write(target / f"rank{self.rank}.pt", lambda t: torch.save(_cpu(state), t))
+        except BaseException as err:  # torch's CheckpointException is not an Exception
+            full = out_of_space(err, target)  # read before the space below is given back
+            # the half-written checkpoint goes at once; the last complete one stays what the
+            # record names
+            if self.writer:
+                shutil.rmtree(target, ignore_errors=True)
+            if full is not None:  # said as what it is, whatever torch's writer raised
+                raise disk_full(self.directory) from err
+            raise
         if on_written is not None:
             on_written()
         _barrier()

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.config import DataConfig
 from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, FILES, write_arrays
 from pipeline.data.idx import read_idx
-from pipeline.errors import UserError
+from pipeline.errors import UserError, disk_full, out_of_space
 
 TIMEOUT_S = 60
 
@@ -62,6 +62,8 @@ def fetch_file(name: str, data: DataConfig, dest_dir: Path) -> Path:
             causes.append(f"{mirror}: HTTP {err.code} {err.reason}")
             continue
         except (urllib.error.URLError, OSError, ValueError) as err:
+            if out_of_space(err, dest) is not None:  # no other mirror mends a full disk
+                raise
             reason = getattr(err, "reason", err)
             causes.append(f"{mirror}: {reason}")
             continue
@@ -116,10 +118,13 @@ def fetch(data: DataConfig, out_dir: Path = DATA_DIR) -> dict[str, np.ndarray]:
             out_dir.rename(old)
         work.rename(out_dir)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
+        full = out_of_space(err, work)  # read before the space below is given back
         shutil.rmtree(work, ignore_errors=True)
         for directory in made:  # deepest first; one that something else filled meanwhile stays
             with contextlib.suppress(OSError):
                 directory.rmdir()
+        if full is not None:
+            raise disk_full(out_dir) from err
         raise
     return arrays

@@ -35,8 +35,10 @@ from pipeline.checkpoints.identity import code_digests
 from pipeline.config import Config, load_config
 from pipeline.data.fashion_mnist import train_samples
 from pipeline.errors import (
+    DISK_FULL_EXIT,
     ERROR_FILE_ENV,
     FAILURE_EXIT,
+    NO_SPACE,
     OUTCOME_FILE_ENV,
     STOPPED_EXIT,
     USER_ERROR_EXIT,
@@ -150,7 +152,9 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
             )
             mark("workers ended")
             problem = publisher.finish()
-            if problem is not None:
+            user_error = files.error.read_text().strip() if files.error.exists() else ""
+            # a full disk: the stage's own line says it, and its rerun pushes the run
+            if problem is not None and not (problem == NO_SPACE and user_error):
                 print(
                     f"warning: MLflow run of {name} not pushed: {problem}; kept locally: run "
                     "`python -m pipeline.publish`",
@@ -158,9 +162,8 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
                     flush=True,
                 )
             mark("published")
-            user_error = files.error.read_text().strip() if files.error.exists() else ""
             outcome = read_outcome(files.outcome)
-        exit_code = stage_exit(code, signalled, outcome, bool(user_error))
+        exit_code = stage_exit(code, signalled, outcome, user_error)
         if exit_code not in (0, STOPPED_EXIT):
             # a stop someone asked for that came before a checkpoint, or a failure (the agent also
             # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
@@ -275,13 +278,14 @@ def read_outcome(path: Path) -> Outcome | None:
 
 
 def stage_exit(
-    torchrun_code: int, signalled: bool, outcome: Outcome | None, user_error: bool
+    torchrun_code: int, signalled: bool, outcome: Outcome | None, user_error: str
 ) -> int:
     """The stage's exit code (pipeline/errors.py lists them) from torchrun's, whether this
-    process forwarded a stop signal to it, the writer's outcome and a worker's user error.
+    process forwarded a stop signal to it, the writer's outcome and a worker's user error
+    (its line: a full disk's has a code of its own).
     torchrun exits non-zero whenever it forwarded a signal, whatever its workers did then."""
     if user_error:
-        return USER_ERROR_EXIT
+        return DISK_FULL_EXIT if user_error.startswith(NO_SPACE) else USER_ERROR_EXIT
     if torchrun_code == 0 or (signalled and outcome is Outcome.FINISHED):
         return 0
     if outcome is Outcome.STOPPED:

@@ -26,15 +26,19 @@ from pipeline.config import Config, load_config
 from pipeline.context import DistContext
 from pipeline.errors import (
     BAD_INPUT,
+    DISK_FULL_EXIT,
     ERROR_FILE_ENV,
     OUTCOME_FILE_ENV,
     SIGTERM_EXIT,
     USER_ERROR_EXIT,
     Outcome,
+    no_space_line,
+    out_of_space,
 )
 from pipeline.files import atomic_write
 from pipeline.interrupts.stop import StopRequest
 from pipeline.recording.live import terminal_columns
+from pipeline.results import CHECKPOINTS, RESULTS
 from pipeline.run_spec import resolve_run
 from pipeline.timeline import mark
 from pipeline.tracking.relay import EVENTS_ENV
@@ -95,12 +99,24 @@ def run_worker(strategy: str, config: Callable[[], Config]) -> tuple[int, StopRe
     try:
         return train(strategy, config())
     except BAD_INPUT as err:
-        # the agent turns any worker exit into its own failure; leave the line for the launcher
-        if os.environ.get(ERROR_FILE_ENV):
-            Path(os.environ[ERROR_FILE_ENV]).write_text(str(err))
-        else:
-            print(f"error: {err}", file=sys.stderr, flush=True)
+        leave_line(str(err))
         return USER_ERROR_EXIT, None
+    except BaseException as err:  # torch's CheckpointException is not an Exception
+        # a full disk under the run's checkpoints or results (a save's, on every rank)
+        full = out_of_space(err, CHECKPOINTS / strategy, RESULTS / strategy)
+        if full is None:
+            raise
+        leave_line(no_space_line(full, "run the stage again: it resumes from its last checkpoint"))
+        return DISK_FULL_EXIT, None
+
+
+def leave_line(line: str) -> None:
+    """The one line of a user's error, for the launcher to say: the agent turns any worker
+    exit into its own failure."""
+    if os.environ.get(ERROR_FILE_ENV):
+        Path(os.environ[ERROR_FILE_ENV]).write_text(line)
+    else:
+        print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def train(strategy: str, cfg: Config) -> tuple[int, StopRequest]:

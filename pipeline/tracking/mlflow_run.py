@@ -34,12 +34,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
-from pipeline.errors import UserError, first_line
+from pipeline.errors import UserError, first_line, no_space_line, out_of_space
 from pipeline.files import atomic_write
 from pipeline.results import EpochRow
 from pipeline.tracking import store
 from pipeline.tracking.step_metrics import StepMetrics
-from pipeline.tracking.store import experiment_id, param_text, tracking_uri
+from pipeline.tracking.store import experiment_id, param_text, sqlite_database, tracking_uri
 from pipeline.tracking.system_metrics import publish_final_sample, system_metrics_monitor
 
 RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
@@ -237,7 +237,17 @@ class Tracker:
             try:
                 publish_run(self.record, history, artifacts, save=self._write, model=model)
                 return True
+            except OSError as err:
+                if out_of_space(err) is not None:
+                    raise  # no outage: a full disk here, no retry mends (the caller says so)
+                failure = first_line(err)
             except Exception as err:  # noqa: BLE001 - any failure of the server is an outage
+                store = Path(sqlite_database(tracking_uri()) or "mlruns")
+                full = out_of_space(err, store)
+                if full is not None:  # the store's disk: training goes on, the run is kept
+                    then = "run `python -m pipeline.publish`; kept locally"
+                    print(f"warning: {no_space_line(full, then)}", file=sys.stderr, flush=True)
+                    return False
                 failure = first_line(err)
             if time.monotonic() >= deadline or give_up():
                 break

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple, Optional
 
+from pipeline.errors import DISK_FULL_EXIT, NO_SPACE, out_of_space
 from pipeline.results import EpochRow
 from pipeline.timeline import PUBLISHER_CPU, mark
 from pipeline.tracking.mlflow_run import Tracker, read_record
@@ -253,7 +254,14 @@ def publisher_main(events: Path, record_path: Path, parent: int, store: StoreTur
         with contextlib.suppress(Exception), store_creation(tracking_uri()):
             experiment_id(client(), store.experiment)  # an outage: the first push reports it
         store.ready.set()
-        publish_events(events, Replay(record_path, stop), parent)
+        try:
+            publish_events(events, Replay(record_path, stop), parent)
+        except OSError as err:
+            if out_of_space(err, record_path.parent) is None:
+                raise
+            # the disk under the run's record is full: the stage's writer meets it too and
+            # its one line says so; the run stays as kept, and the rerun pushes it
+            sys.exit(DISK_FULL_EXIT)
     finally:
         store.ready.set()
         mark(f"{PUBLISHER_CPU} {time.process_time():.3f}")  # what it cost, every thread's
@@ -359,6 +367,8 @@ class Publisher:
             self.process.kill()
             self.process.join()
             return f"its publisher was still at it after {self.bound_s:.0f} s"
+        if self.process.exitcode == DISK_FULL_EXIT:
+            return NO_SPACE
         if self.process.exitcode != 0:
             return f"its publisher exited with {self.process.exitcode}"
         return None

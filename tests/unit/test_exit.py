@@ -6,16 +6,19 @@ import itertools
 import multiprocessing
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from pipeline.errors import (
+    DISK_FULL_EXIT,
     ERROR_FILE_ENV,
     FAILURE_EXIT,
     OUTCOME_FILE_ENV,
     STOPPED_EXIT,
     USER_ERROR_EXIT,
     Outcome,
+    no_space_line,
 )
 from pipeline.interrupts.stop import StopRequest
 from pipeline.launch.launcher import read_outcome, stage_exit, worker_error, workers_environment
@@ -25,7 +28,13 @@ from pipeline.tracking.relay import EVENTS_ENV
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
 
 
-def expected(code: int, signalled: bool, outcome: Outcome | None, user_error: bool) -> int:
+# a worker's line: none, bad input's, a full disk's
+LINES = ("", "train.batch_size: got 0, expected at least 1", no_space_line(Path("checkpoints/x")))
+
+
+def expected(code: int, signalled: bool, outcome: Outcome | None, user_error: str) -> int:
+    if user_error.startswith("no space left on device"):
+        return DISK_FULL_EXIT
     if user_error:
         return USER_ERROR_EXIT
     if code == 0:
@@ -39,7 +48,7 @@ def expected(code: int, signalled: bool, outcome: Outcome | None, user_error: bo
 
 @pytest.mark.parametrize(
     "code, signalled, outcome, user_error",
-    list(itertools.product((0, 1, -6, 143), (False, True), OUTCOMES, (False, True))),
+    list(itertools.product((0, 1, -6, 143), (False, True), OUTCOMES, LINES)),
 )
 def test_every_outcome_has_its_own_exit_code(code, signalled, outcome, user_error):
     assert stage_exit(code, signalled, outcome, user_error) == expected(
@@ -48,15 +57,15 @@ def test_every_outcome_has_its_own_exit_code(code, signalled, outcome, user_erro
 
 
 def test_the_codes_are_distinct_and_none_is_a_signal_death():
-    codes = {0, FAILURE_EXIT, USER_ERROR_EXIT, STOPPED_EXIT}
-    assert len(codes) == 4
+    codes = {0, FAILURE_EXIT, USER_ERROR_EXIT, STOPPED_EXIT, DISK_FULL_EXIT}
+    assert len(codes) == 5
     assert all(c < 128 for c in codes)  # a shell reports 128 + N for a death by signal N
 
 
 def test_a_rank_that_died_after_the_writer_finished_is_a_failure():
     """The abort at exit this project once had: results written, then a rank crashed. No
     signal came, so the crash is reported, not hidden."""
-    assert stage_exit(1, False, Outcome.FINISHED, False) == FAILURE_EXIT
+    assert stage_exit(1, False, Outcome.FINISHED, "") == FAILURE_EXIT
 
 
 def test_outcome_file(tmp_path):
