@@ -36,6 +36,12 @@ Checks, each PASS or FAIL in the output and the JSON:
                     its steady epoch must lie within NULL_BOUND_GPU of the first one's, a
                     bound not yet measured on a GPU (the repeat also shows what the first
                     stage's cold start cost: `first_epoch_s` of both)
+  did_not_fit       out of memory as a result (issue 50): dp, last, at a batch past the
+                    device's memory (on a GPU: every training image in one batch, at a width
+                    whose activations need about twice the GPU's memory; on the CPU, whose
+                    host memory no test may exhaust, torch's OutOfMemoryError injected at a
+                    step), exits 0 with results/dp/summary.json saying "did_not_fit", the
+                    device that ran out and its peak before, and the keys that would fit it
 Measures: each run's steady epoch (its epoch 2; epoch 1 pays start-up and compilation), the
 ratio to single, and MFU (FLOPs trained per second over the device's peak: the datasheet's
 for known GPUs, a measured matmul peak otherwise). Writes benchmarks/results/
@@ -473,6 +479,50 @@ def check_null(rows: dict[str, dict], table: dict[str, dict], device: torch.devi
     return check("null_comparison", ok, detail)
 
 
+# activation bytes per training sample at width 64 (ResNet-18 on 28x28, bf16, about half of
+# fp32's 1.6 MB as MemTracker measured it on a CPU): what sizes the batch past the GPU
+ACTIVATION_BYTES_W64 = 0.8e6
+
+
+def oversize_width(device_bytes: int, batch: int) -> int:
+    """A model width whose activations at `batch` need about twice `device_bytes`: the
+    activations grow with the width, the parameters (still small there) with its square."""
+    return 64 * max(2, -(-2 * device_bytes // int(ACTIVATION_BYTES_W64 * batch)))
+
+
+def check_did_not_fit(
+    project: Path, env: dict, device: torch.device, size: Size, timeout_s: float
+) -> dict[str, Any]:
+    """did_not_fit: dp at a batch past the device's memory ends as a result, not a crash."""
+    overrides = [*one_device("dp", device.type), "train.epochs=1"]
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        width = oversize_width(total, size.train)
+        overrides += [f"train.batch_size={size.train}", f"model.width={width}"]
+        env = dict(env)
+    else:  # a host out of memory takes the machine with it: torch's error, injected
+        env = {**env, "PARALLEL_LAB_FAULT": "rank=0,epoch=1,step=1,action=oom,strategy=dp"}
+    shutil.rmtree(project / "checkpoints" / "dp", ignore_errors=True)
+    try:
+        run_stage(
+            [sys.executable, "-m", "pipeline.train", "dp", *overrides], project, env, timeout_s
+        )
+    except StageFailed as err:
+        return check("did_not_fit", False, f"dp past the device's memory: {err}")
+    record = json.loads((project / "results/dp/summary.json").read_text())
+    if record.get("outcome") != "did_not_fit":
+        return check("did_not_fit", False, f"dp past the device's memory trained: {overrides}")
+    peak = record["peak_mib"].get(record["failed_on"])
+    real = device.type == "cpu" or not record["error"].startswith("fault:")
+    ok = real and peak is not None and peak > 0 and "train.batch_size" in record["fix"]
+    return check(
+        "did_not_fit",
+        ok,
+        f"dp at {' '.join(overrides[1:])}: ran out on {record['failed_on']} in epoch "
+        f"{record['epoch']} ({record['error'][:120]}), peak {peak} MiB; {record['fix']}",
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -545,6 +595,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
         checks += check_runs(rows, expected, device)
         checks.append(check_mlflow(uri, rows))
+        if "dp" in args.strategies:  # after mlflow_runs: its run is FAILED, by design
+            checks.append(check_did_not_fit(project, env, device, size, args.stage_timeout))
     table = measure(rows, size, device)
     checks.append(check_null(rows, table, device))
     result = {

@@ -51,6 +51,7 @@ SIGTERM_EXIT = 128 + signal.SIGTERM  # a worker's exit code after a SIGTERM chec
 class Outcome(enum.Enum):
     FINISHED = "finished"  # results/ written
     STOPPED = "stopped"  # checkpointed at a stop signal
+    DID_NOT_FIT = "did_not_fit"  # out of device memory: results/ say so (did_not_fit.py)
 
 
 F = TypeVar("F", bound=Callable[..., object])

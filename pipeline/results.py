@@ -38,6 +38,8 @@ CHECKPOINTS = Path("checkpoints")
 RUN_RECORD, CHECKPOINT_RECORD = "run.json", "latest.json"
 MODEL, METRICS, HISTORY, CONFIG = "model.pt", "metrics.json", "history.csv", "config.yaml"
 SUMMARY = "summary.json"
+# summary.json's outcome of a run that ran out of device memory (pipeline/did_not_fit.py)
+DID_NOT_FIT = "did_not_fit"
 # what each strategy's MLflow run gets as files; model.pt also goes in as the MLflow model
 # "model" (tracking/mlflow_run.py `log_final_model`)
 ARTIFACTS = (METRICS, SUMMARY, HISTORY, CONFIG, MODEL)
@@ -370,6 +372,8 @@ def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
             raise TypeError(f"a JSON {type(data).__name__}, expected an object")
+        if data.get("outcome") == DID_NOT_FIT:
+            raise UserError(f"{path}: {strategy} did not fit its device's memory: no figures")
         return RunSummary.from_json(data)
     except FileNotFoundError:
         raise UserError(

@@ -5,6 +5,7 @@
     PARALLEL_LAB_FAULT="rank=0,epoch=1,point=checkpoint"  # mid checkpoint write of epoch 1
     PARALLEL_LAB_FAULT="rank=0,epoch=2,step=2,action=hold"          # wait there for SIGTERM
     PARALLEL_LAB_FAULT="rank=0,epoch=2,action=hold,release=/tmp/go"  # ... or for that file
+    PARALLEL_LAB_FAULT="rank=0,step=2,action=oom,strategy=dp"  # in dp's stage alone
 
 Points: `start` (after setup, before training), `step` (before optimizer step `step` of
 `epoch`, the default), `eval` (before evaluating `epoch`), `checkpoint` (after this rank's
@@ -13,10 +14,14 @@ before results are written).
 
 Actions: `kill` (the default) kills the process with SIGKILL (no cleanup, like an OOM kill or
 a lost node); it prints `fault: rank R killed ...` first. `raise` raises a RuntimeError there,
-as a bug in the training code would. `hold` prints one line, `fault: rank R holding before
+as a bug in the training code would. `oom` raises torch's OutOfMemoryError there, as a batch
+too large for the device does. `hold` prints one line, `fault: rank R holding before
 step S of epoch E ...`, and waits there until a SIGTERM has arrived (at `step`) or the
 `release` file exists: a test waits for that line and then acts (sends SIGTERM, kills a node,
 stops a server) at a known point of the run, instead of guessing where a running job is.
+
+`strategy` limits the fault to that strategy's stage (a `dvc repro` runs several in one
+environment).
 
 Faults separated by `;` belong to torchrun's attempts in turn: the first to the first attempt,
 the second to the first restart, and so on (list them in the order training reaches them, as
@@ -41,7 +46,7 @@ from pipeline.errors import UserError
 
 ENV = "PARALLEL_LAB_FAULT"
 POINTS = ("start", "step", "eval", "checkpoint", "end")
-ACTIONS = ("kill", "hold", "raise")
+ACTIONS = ("kill", "hold", "raise", "oom")
 HOLD_POLL_S = 0.02
 
 
@@ -53,6 +58,7 @@ class Fault:
     step: int = 0
     action: str = "kill"
     release: Optional[str] = None  # hold: the file whose appearance ends the wait
+    strategy: Optional[str] = None  # only in this strategy's stage; None: in any
 
     def fire_if(
         self,
@@ -81,6 +87,10 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.action == "raise":
             raise RuntimeError(f"fault: rank {rank} raised {where}")
+        if self.action == "oom":
+            import torch  # the stages that fire it have it loaded
+
+            raise torch.OutOfMemoryError(f"fault: rank {rank} out of memory {where}")
         print(
             f"fault: rank {rank} holding {where} until SIGTERM"
             f"{' or ' + self.release if self.release else ''}",
@@ -113,11 +123,17 @@ class FaultHooks(Hooks):
 
 
 def hooks_from_env(
-    rank: int, signalled: Callable[[], bool], env: Mapping[str, str] | None = None
+    rank: int,
+    signalled: Callable[[], bool],
+    strategy: str,
+    env: Mapping[str, str] | None = None,
 ) -> Hooks:
-    """The hooks of this attempt in process `rank`: its fault's, if it has one."""
+    """The hooks of this attempt in process `rank` of `strategy`'s stage: its fault's, if it
+    has one there."""
     fault = fault_from_env(env)
-    return Hooks() if fault is None else FaultHooks(fault, rank, signalled)
+    if fault is None or fault.strategy not in (None, strategy):
+        return Hooks()
+    return FaultHooks(fault, rank, signalled)
 
 
 def parse_faults(text: str | None) -> list[Fault]:
@@ -134,10 +150,11 @@ def parse_fault(text: str) -> Fault:
                 f"{ENV}: got {text!r}, expected key=value pairs like rank=1,epoch=2,step=3"
             )
         fields[key.strip()] = value.strip()
-    unknown = set(fields) - {"rank", "point", "epoch", "step", "action", "release"}
+    unknown = set(fields) - {"rank", "point", "epoch", "step", "action", "release", "strategy"}
     if unknown or "rank" not in fields:
         raise UserError(
-            f"{ENV}: got {text!r}, expected rank=R plus any of point, epoch, step, action, release"
+            f"{ENV}: got {text!r}, expected rank=R plus any of point, epoch, step, action, "
+            "release, strategy"
         )
     point = fields.get("point", "step")
     if point not in POINTS:
@@ -153,6 +170,7 @@ def parse_fault(text: str) -> Fault:
             step=int(fields.get("step", 0)),
             action=action,
             release=fields.get("release"),
+            strategy=fields.get("strategy"),
         )
     except ValueError:
         raise UserError(

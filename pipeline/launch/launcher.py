@@ -34,6 +34,7 @@ from pipeline.checkpoints.checkpoint import Checkpointer
 from pipeline.checkpoints.identity import code_digests
 from pipeline.config import Config, load_config
 from pipeline.data.fashion_mnist import train_samples
+from pipeline.did_not_fit import read_did_not_fit
 from pipeline.errors import (
     DISK_FULL_EXIT,
     ERROR_FILE_ENV,
@@ -169,7 +170,11 @@ def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -
             # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
             status = KILLED if signalled else FAILED
             settle_run(name, status, user_error=bool(user_error))
-        if user_error:
+        if outcome is Outcome.DID_NOT_FIT:
+            settle_run(name, FAILED, user_error=True)  # quietly: the line below is the answer
+            record = read_did_not_fit(name)
+            print(f"train[{name}]: {record.line() if record else 'did not fit'}", flush=True)
+        elif user_error:
             print(f"error: {user_error}", file=sys.stderr, flush=True)
         elif failure:
             print(f"launch[{name}]: {failure}", file=sys.stderr, flush=True)
@@ -287,6 +292,8 @@ def stage_exit(
     if user_error:
         return DISK_FULL_EXIT if user_error.startswith(NO_SPACE) else USER_ERROR_EXIT
     if torchrun_code == 0 or (signalled and outcome is Outcome.FINISHED):
+        return 0
+    if outcome is Outcome.DID_NOT_FIT:  # a result: dvc repro goes on to compare
         return 0
     if outcome is Outcome.STOPPED:
         return STOPPED_EXIT

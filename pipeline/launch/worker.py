@@ -24,10 +24,12 @@ import torch.distributed as dist
 
 from pipeline.config import Config, load_config
 from pipeline.context import DistContext
+from pipeline.did_not_fit import RunDidNotFit
 from pipeline.errors import (
     BAD_INPUT,
     DISK_FULL_EXIT,
     ERROR_FILE_ENV,
+    FAILURE_EXIT,
     OUTCOME_FILE_ENV,
     SIGTERM_EXIT,
     USER_ERROR_EXIT,
@@ -101,6 +103,12 @@ def run_worker(strategy: str, config: Callable[[], Config]) -> tuple[int, StopRe
     except BAD_INPUT as err:
         leave_line(str(err))
         return USER_ERROR_EXIT, None
+    except RunDidNotFit:
+        # its record is in results/; the launcher says it. Non-zero: the agent stops the
+        # other ranks, which may wait on this one in a collective
+        if os.environ.get(OUTCOME_FILE_ENV):
+            atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), Outcome.DID_NOT_FIT.value)
+        return FAILURE_EXIT, None
     except BaseException as err:  # torch's CheckpointException is not an Exception
         # a full disk under the run's checkpoints or results (a save's, on every rank)
         full = out_of_space(err, CHECKPOINTS / strategy, RESULTS / strategy)

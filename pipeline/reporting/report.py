@@ -24,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import MlflowConfig, ReportConfig
+from pipeline.did_not_fit import read_did_not_fit
+from pipeline.errors import UserError
 from pipeline.files import atomic_write
 from pipeline.reporting import answer, table
 from pipeline.reporting import predicted as predicted_section
+from pipeline.reporting import unfit as unfit_section
 from pipeline.reporting.pages import html_page, markdown_page, with_appendix
 from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.reporting.speed_noise import speedup_within_noise
@@ -84,6 +87,14 @@ def write_report(
     the MLflow page are."""
     check_names(names)
     target = report.target_accuracy
+    # the strategies that ran out of device memory: listed apart, ranked in nothing
+    unfit = [r for r in map(read_did_not_fit, names) if r is not None]
+    names = [n for n in names if n not in {r.strategy for r in unfit}]
+    if not names:
+        raise UserError(
+            "every strategy ran out of device memory, nothing to compare: "
+            + "; ".join(f"{r.strategy} {r.line()}" for r in unfit)
+        )
     results = [read_summary(name) for name in names]
     histories = {name: read_history(name) for name in names}
     rows = table.comparison_rows(results, histories, target)
@@ -111,7 +122,13 @@ def write_report(
     for name, data in (
         ("summary.json", table.summary_json(rows)),
         ("comparison.json", table.comparison_json(rows)),
-        ("recommendation.json", answer.to_json(answered, registered)),
+        (
+            "recommendation.json",
+            {
+                **answer.to_json(answered, registered),
+                "did_not_fit": {r.strategy: r.to_json() for r in unfit},
+            },
+        ),
     ):
         atomic_write(REPORTS / name, json.dumps(data, indent=2) + "\n")
     for name, field in table.WIDE_PLOTS.items():
@@ -127,11 +144,17 @@ def write_report(
         page = predicted_section.html_section(predicted, rows, configs)
     atomic_write(
         REPORTS / "summary.md",
-        with_appendix(markdown_page(rows, target, mlflow, answered, registered), md),
+        with_appendix(
+            markdown_page(rows, target, mlflow, answered, registered),
+            unfit_section.markdown(unfit) + md,
+        ),
     )
     atomic_write(
         REPORTS / "index.html",
-        with_appendix(html_page(rows, target, mlflow, REPORTS, answered, registered), page),
+        with_appendix(
+            html_page(rows, target, mlflow, REPORTS, answered, registered),
+            unfit_section.html_section(unfit) + page,
+        ),
     )
 
     if mlflow is not None:
@@ -150,6 +173,7 @@ def write_report(
     )
     return (
         answer.text(answered, registered, table.TEXT_WIDTH)
+        + unfit_section.text(unfit, table.TEXT_WIDTH)
         + "\n"
         + table.text_table(rows, target)
         + f"\nReport: {REPORTS / 'index.html'} (per-device memory, plots, notes)\n"

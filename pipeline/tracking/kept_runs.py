@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
+from pipeline.did_not_fit import read_did_not_fit
 from pipeline.errors import UserError, first_line
 from pipeline.results import (
     ARTIFACTS,
@@ -64,7 +65,12 @@ def publish_strategy(
         # run's: its status alone, none of the older run's epochs, or it would stay RUNNING
         latest = None
     history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
-    summary = read_summary(name) if (RESULTS / name / SUMMARY).exists() else None
+    # a run that did not fit (did_not_fit.py) has no summary of figures: it ended FAILED
+    summary = (
+        read_summary(name)
+        if (RESULTS / name / SUMMARY).exists() and read_did_not_fit(name) is None
+        else None
+    )
     finished = summary is not None and summary.fingerprint == key
     artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
     if finished:

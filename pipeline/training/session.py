@@ -12,6 +12,7 @@ where it resumes the policy's (checkpoint_policy.py), one step of training the l
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from pipeline.checkpoints.identity import run_identity
 from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData, to_device
 from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, load_arrays
+from pipeline.did_not_fit import DidNotFit, RunDidNotFit, how_to_fit, write_did_not_fit
+from pipeline.errors import first_line
 from pipeline.interrupts.faults import hooks_from_env
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training, build_training
@@ -87,7 +90,7 @@ def run(
     name = spec.name
     if stop is None:
         stop = StopRequest(None, ctx.world_size)
-    hooks = hooks_from_env(ctx.rank, lambda: stop.flag)
+    hooks = hooks_from_env(ctx.rank, lambda: stop.flag, spec.name)
     torch.manual_seed(spec.seed)
     data = to_device(load_arrays(), ctx.device, spec.data.limit_train, spec.data.limit_test)
     mark("data on device", ctx.rank)
@@ -112,11 +115,46 @@ def run(
         summary = train_epochs(Session(trainer, spec, data, policy, recorder), progress)
         ok = True
         return RunEnd(summary, training.run.writer)
+    except OUT_OF_MEMORY as err:  # a result (did_not_fit.py): the rank that ran out says so
+        record = out_of_memory(spec, training, ctx, err, progress)
+        write_did_not_fit(record, progress.history, recorder.config_yaml)
+        raise RunDidNotFit(record) from err
     finally:
         recorder.close()
         if not ok:
             recorder.failed()
         training.run.release()  # the strategy's own hold on its process groups
+
+
+# what running out of memory raises: torch's, on a GPU or a CPU (its allocator's), and
+# Python's where NumPy or the interpreter allocates
+OUT_OF_MEMORY = (torch.OutOfMemoryError, MemoryError)
+
+
+def out_of_memory(
+    spec: RunSpec[Any], training: Training, ctx: DistContext, err: BaseException, at: Progress
+) -> DidNotFit:
+    """The record of this rank's run out of memory: where, at what batch, from what peak."""
+    devices = memory.local_devices(training.run.devices, ctx)
+    peaks = {p.label: p.allocated_mib for p in memory.read_peaks(devices, ctx)}
+    gpu = re.search(r"GPU (\d+)", str(err))  # torch names the device that ran out
+    failed_on = (
+        memory.physical_label(f"cuda:{gpu[1]}", ctx.gpus, ctx.node, ctx.nodes)
+        if gpu and ctx.on_cuda
+        else next(iter(peaks), f"cpu_{ctx.rank}")
+    )
+    plan = training.plan
+    return DidNotFit(
+        strategy=spec.name,
+        devices=list(training.run.devices),
+        batch_split=list(training.run.batch_split),
+        failed_on=failed_on,
+        peak_mib=peaks,
+        epoch=len(at.history) + 1,
+        error=first_line(err),
+        fix=how_to_fit(spec.name, plan.batch_size, plan.grad_accum, spec.facts.sharded_parameters),
+        epochs_done=len(at.history),
+    )
 
 
 def live_progress(

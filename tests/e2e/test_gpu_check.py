@@ -19,7 +19,7 @@ from support import LEARNED, REPO
 # single (the ratios' reference), fsdp (an identity kept at any world size) and
 # pipeline_parallel (its stages in one process) take every path of the script; every
 # strategy's stage itself is tested by the every_strategy runs, so three keep this cheap
-RUN = ["single", "fsdp", "pipeline_parallel"]
+RUN = ["single", "dp", "fsdp", "pipeline_parallel"]  # dp: also the did_not_fit check's
 CHECKS = {
     "stages",
     "replicas_bf16",
@@ -28,6 +28,7 @@ CHECKS = {
     "accuracy_is_model",
     "mlflow_runs",
     "null_comparison",
+    "did_not_fit",
 }
 
 

@@ -305,7 +305,7 @@ LAYERS = [
     {"config"},
     {"errors"},
     {"context", "batch_plan", "memory", "core_wait", "files", "locks", "results", "timeline"}
-    | {"interrupts"},
+    | {"did_not_fit", "interrupts"},
     {"data", "resnet"},
     {"strategies", "run_spec"},
     {"tracking"},

@@ -1,0 +1,1 @@
+../../../pipeline/reporting/unfit.py
