@@ -241,7 +241,6 @@ def publisher_main(events: Path, record_path: Path, parent: int, store: StoreTur
     for signum in STOP_SIGNALS:
         signal.signal(signum, stopping)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by its fork
-    run_when_idle()
     try:
         # now, while the launcher imports torch on another core (its start is one thread)
         with contextlib.suppress(Exception):  # a broken MLflow says so at its first push
@@ -253,6 +252,10 @@ def publisher_main(events: Path, record_path: Path, parent: int, store: StoreTur
                 return
         with contextlib.suppress(Exception), store_creation(tracking_uri()):
             experiment_id(client(), store.experiment)  # an outage: the first push reports it
+        # Idle priority from here on, beside the workers' epochs. Before, the launcher waits
+        # for the store and no epoch runs: at idle priority on a machine whose every core
+        # something else kept busy, its making once took over the launcher's 60 s.
+        run_when_idle()
         store.ready.set()
         try:
             publish_events(events, Replay(record_path, stop), parent)

@@ -130,14 +130,15 @@ def test_the_store_is_made_when_the_stage_is_accepted_at_idle_priority(
 ):
     """Issue 51: the store and the experiment are made before the workers start (make_store
     returns once they are), not beside their first epochs; a stage refused before that makes
-    none; the publisher runs at SCHED_IDLE, and says in the stage's timeline what CPU it used."""
+    none; the publisher runs at SCHED_IDLE beside them, and says in the stage's timeline what CPU it used."""
     timeline = tmp_path / "timeline.txt"
     monkeypatch.setenv("PARALLEL_LAB_TIMELINE", str(timeline))
     database = tmp_path / "mlflow.db"
     with Publisher(tmp_path / "run.json", bound_s=900, experiment="tests") as publisher:
         assert not database.exists()  # no go yet: a refused stage would stop here
         assert publisher.make_store()
-        # set before it made the store: from its first step on
+        # set once it made the store (at normal priority, while no epoch runs), before it
+        # says so: the workers start beside an idle-priority publisher
         assert os.sched_getscheduler(publisher.process.pid) == os.SCHED_IDLE
         assert MlflowClient().get_experiment_by_name("tests") is not None
         assert publisher.finish() is None  # nothing handed over: stopped at once
