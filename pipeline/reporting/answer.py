@@ -95,6 +95,9 @@ class Answer:
     notes_claim: str  # the source notes' dp claim beside what was measured here
     notes_measured: dict[str, Any] = field(default_factory=dict)
     floor: SpeedFloor = field(default_factory=lambda: SpeedFloor((), {}, {}))  # speed's A/A
+    # (strategy, its line) of each that ran out of device memory: ranked in nothing, said
+    # beside the picks (pipeline/did_not_fit.py)
+    unfit: tuple[tuple[str, str], ...] = ()
 
     @property
     def speed_noise(self) -> str:
@@ -569,6 +572,8 @@ def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
         lines += [f"  - {reason}" for reason in r.reasons]
         if r.accuracy:
             lines.append(f"  - final test accuracy: {'; '.join(r.accuracy)}")
+    for name, line in answer.unfit:
+        lines += [f"- **Did not fit: {name}**", f"  - {line}"]
     lines += ["", answer.speed_noise, "", answer.noise, "", answer.notes_claim]
     model = _model_line(registered)
     if model is not None:
@@ -608,6 +613,11 @@ def html_section(answer: Answer, registered: Optional[Registration] = None) -> s
             + "".join(f"<li>{d}</li>" for d in details)
             + "</ul></li>"
         )
+    items += [
+        f"<li><b>Did not fit:</b> <span class=none>{esc(name)}</span><ul><li>{esc(line)}</li>"
+        "</ul></li>"
+        for name, line in answer.unfit
+    ]
     model = _model_line(registered)
     return (
         '<section class="answer">\n'

@@ -111,6 +111,7 @@ def write_report(
     # the noise estimate: each strategy's seed sweep among the runs in MLflow, if any
     seeds = {r["strategy"]: seed_accuracies(r["mlflow_run_id"]) for r in rows} if mlflow else {}
     answered = answer.recommend(rows, target, seeds)
+    answered = replace(answered, unfit=tuple((r.strategy, r.line()) for r in unfit))
     base = next((r for r in rows if r["strategy"] == table.BASELINE), None)
     for row in rows:  # the table's speedups, read against the A/A floor (speed_noise.py)
         row["speedup_within_noise"] = speedup_within_noise(row, base, answered.floor)
@@ -173,7 +174,6 @@ def write_report(
     )
     return (
         answer.text(answered, registered, table.TEXT_WIDTH)
-        + unfit_section.text(unfit, table.TEXT_WIDTH)
         + "\n"
         + table.text_table(rows, target)
         + f"\nReport: {REPORTS / 'index.html'} (per-device memory, plots, notes)\n"

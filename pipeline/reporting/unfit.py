@@ -6,7 +6,6 @@ rank in no objective: they have no figures."""
 from __future__ import annotations
 
 import html
-import textwrap
 
 from pipeline.did_not_fit import DidNotFit
 
@@ -50,12 +49,4 @@ def html_section(records: list[DidNotFit]) -> str:
     return (
         f'<section class="unfit"><h2>Did not fit</h2><p class="legend">{html.escape(INTRO)}</p>'
         f"<table><tr>{head}</tr>{body}</table></section>"
-    )
-
-
-def text(records: list[DidNotFit], width: int) -> str:
-    """The terminal's lines: a paragraph a strategy, within `width`."""
-    return "".join(
-        textwrap.fill(f"{r.strategy}: {r.line()}", width, subsequent_indent="  ") + "\n"
-        for r in records
     )

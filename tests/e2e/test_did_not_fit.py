@@ -39,6 +39,8 @@ def test_a_strategy_out_of_memory_is_reported_and_the_others_compared(tmp_path, 
     report = (project / "reports/summary.md").read_text()
     assert "## Did not fit" in report and "| balanced_dp | 32 | cpu_0 |" in report
     assert "Did not fit</h2>" in (project / "reports/index.html").read_text()
+    assert "- **Did not fit: balanced_dp**" in report  # in the answer, beside the picks
+    assert "Did not fit: balanced_dp" in out  # and in what compare printed
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tests")
     runs = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'balanced_dp'")

@@ -72,7 +72,22 @@ def test_the_reports_section_lists_it_apart():
     assert md.startswith("## Did not fit\n")
     assert "| dp | 128+128 | gpu_0 | 80512 | 1 | lower train.batch_size (256 now)" in md
     assert unfit.markdown([]) == "" and unfit.html_section([]) == ""
-    assert all(len(line) <= 80 for line in unfit.text([RECORD], 80).splitlines())
+
+
+def test_the_answer_says_it_beside_the_picks():
+    from dataclasses import replace
+
+    from pipeline.reporting import answer, table
+    from support import finished_run
+
+    summary, history = finished_run("single", [3, 2, 2])
+    rows = table.comparison_rows([summary], {"single": history}, None)
+    answered = replace(answer.recommend(rows, None), unfit=(("dp", RECORD.line()),))
+    md = answer.markdown(answered)
+    assert f"- **Did not fit: dp**\n  - {RECORD.line()}\n" in md
+    assert "<b>Did not fit:</b>" in answer.html_section(answered)
+    assert all(len(line) <= 100 for line in answer.text(answered, width=100).splitlines())
+    assert all("dp" not in r.strategies for r in answered.recommendations)
 
 
 def test_the_injected_fault_raises_torchs_out_of_memory_in_its_strategys_stage_alone():

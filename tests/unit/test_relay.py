@@ -130,7 +130,8 @@ def test_the_store_is_made_when_the_stage_is_accepted_at_idle_priority(
 ):
     """Issue 51: the store and the experiment are made before the workers start (make_store
     returns once they are), not beside their first epochs; a stage refused before that makes
-    none; the publisher runs at SCHED_IDLE beside them, and says in the stage's timeline what CPU it used."""
+    none; the publisher runs at SCHED_IDLE beside them, and says in the stage's timeline what
+    CPU it used."""
     timeline = tmp_path / "timeline.txt"
     monkeypatch.setenv("PARALLEL_LAB_TIMELINE", str(timeline))
     database = tmp_path / "mlflow.db"
