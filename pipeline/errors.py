@@ -89,7 +89,10 @@ def _chain(err: BaseException) -> Iterator[BaseException]:
 def out_of_space(err: BaseException, *where: Path) -> Optional[Path]:
     """Where the disk ran out, if that is what `err` is: the file of an ENOSPC (or a full
     quota) anywhere in its chain, else the first of `where` (the directories the failed work
-    wrote to) on a filesystem that is all but full; None for any other failure."""
+    wrote to) on a filesystem that is all but full; None for any other failure, and for an
+    exit or an interrupt, however full the disk."""
+    if isinstance(err, (SystemExit, KeyboardInterrupt)):
+        return None
     for e in _chain(err):
         if SQLITE_FULL in str(e):  # SQLite's own word for it (an MLflow store on that disk)
             return where[0] if where else Path(".")

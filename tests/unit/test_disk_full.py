@@ -49,11 +49,14 @@ def test_a_full_disk_is_found_anywhere_in_the_chain(err, found):
 
 
 def test_a_failure_on_an_all_but_full_filesystem_is_a_full_disk(monkeypatch, tmp_path):
-    """torch.save reports a full disk as a RuntimeError of its own: the filesystem says."""
+    """torch.save reports a full disk as a RuntimeError of its own: the filesystem says. An
+    exit or an interrupt stays what it is."""
     err = RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598")
     assert out_of_space(err, tmp_path / "not-yet" / "made") is None
     monkeypatch.setattr(errors, "NEARLY_FULL_BYTES", 2**62)
     assert out_of_space(err, tmp_path / "not-yet" / "made") == tmp_path / "not-yet" / "made"
+    assert out_of_space(KeyboardInterrupt(), tmp_path) is None
+    assert out_of_space(SystemExit(75), tmp_path) is None
 
 
 def test_atomic_write_leaves_nothing_half_written_and_names_its_file(monkeypatch, tmp_path):
