@@ -471,7 +471,8 @@ def _notes_claim(
     single, dp = by.get(BASELINE), by.get("dp")
     if single is None or dp is None:
         missing = " and ".join(n for n, r in ((BASELINE, single), ("dp", dp)) if r is None)
-        return f"{claim} Here: not measured ({missing} did not run).", {}
+        # not run, or out of device memory (listed apart: did_not_fit.py)
+        return f"{claim} Here: not measured ({missing}: no run compared).", {}
     unsteady = [n for n, r in ((BASELINE, single), ("dp", dp)) if r["steady_epoch_s"] is None]
     if unsteady:  # their notes say why
         return f"{claim} Here: not measured (no steady figure: {' and '.join(unsteady)}).", {}

@@ -83,7 +83,8 @@ def null_group(rows: Sequence[Row]) -> tuple[tuple[str, ...], str]:
     then as SAME_AS_SINGLE_ON_ONE_DEVICE lists them; why there are fewer than two, or "")."""
     base = next((r for r in rows if r["strategy"] == BASELINE), None)
     if base is None:
-        return (), f"{BASELINE} did not run: no A/A pair to measure the noise with"
+        # not run, or out of device memory (listed apart: did_not_fit.py)
+        return (), f"{BASELINE}: no run compared, so no A/A pair to measure the noise with"
 
     def same_as_base(row: Row) -> bool:
         return (

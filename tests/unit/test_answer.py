@@ -170,7 +170,7 @@ def test_a_single_strategy_is_the_answer_and_says_it_is_alone():
     assert rec["memory_balance"].reasons == (
         "every strategy ran on one device: nothing to balance",
     )
-    assert "Here: not measured (dp did not run)." in a.notes_claim
+    assert "Here: not measured (dp: no run compared)." in a.notes_claim
     assert a.choice() == ("throughput", "single")
     assert a.hardware == "1 GPU (gpu_0)"
 
@@ -221,7 +221,7 @@ def test_without_single_the_next_best_is_the_reference():
     assert by_objective(answer.recommend(rows, TARGET))["throughput"].reasons[0] == (
         "ddp: 1600 vs fsdp's 0 (the next best)"
     )
-    assert "not measured (single and dp did not run)" in a.notes_claim
+    assert "not measured (single and dp: no run compared)" in a.notes_claim
 
 
 def test_no_strategy_with_a_figure_leaves_every_objective_empty():

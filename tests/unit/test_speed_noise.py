@@ -51,7 +51,7 @@ def test_a_run_of_other_work_is_no_partner(partner, why):
 
 def test_without_single_there_is_no_group():
     group, reason = speed_noise.null_group(rows_of(run("dp", [3, 2])))
-    assert group == () and "single did not run" in reason
+    assert group == () and "single: no run compared" in reason
 
 
 # --- the arithmetic ---------------------------------------------------------------------------
