@@ -101,7 +101,8 @@ def out_of_space(err: BaseException, *where: Path) -> Optional[Path]:
                 return where[0] if where else Path(".")
             path = Path(e.filename)
             # files.atomic_write's temporary file: the file it was writing
-            return path.with_name(path.name[1:-4]) if path.name.endswith(".tmp") else path
+            temporary = path.name.startswith(".") and path.name.endswith(".tmp")
+            return path.with_name(path.name[1:-4]) if temporary else path
     for path in where:
         existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
         if shutil.disk_usage(existing).free < NEARLY_FULL_BYTES:

@@ -34,6 +34,7 @@ ENOSPC = OSError(errno.ENOSPC, "No space left on device", "checkpoints/x/.rank0.
     [
         (ENOSPC, Path("checkpoints/x/rank0.pt")),  # atomic_write's temporary: its file
         (OSError(errno.EDQUOT, "Disk quota exceeded", "a/b"), Path("a/b")),
+        (OSError(errno.ENOSPC, "No space left on device", "x/cache.tmp"), Path("x/cache.tmp")),
         (OSError(errno.ENOSPC, "No space left on device"), Path("where")),  # no file named
         (CheckpointException({0: (ENOSPC, None)}), Path("checkpoints/x/rank0.pt")),
         (RuntimeError("database or disk is full"), Path("where")),  # SQLite's SQLITE_FULL
