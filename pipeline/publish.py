@@ -44,12 +44,17 @@ def main(argv: Optional[list[str]] = None) -> None:
         publish_all(cfg.strategies, model_of)
 
 
+# what a SQLite store whose migration was cut short says ("table _alembic_tmp_experiments
+# already exists"): Alembic's batch copy of a table, left behind
+HALF_MIGRATED = "_alembic_tmp_"
+
+
 def publish_all(names: list[str], model_of: Optional[Callable[[Path], Any]]) -> None:
     """Push each strategy's kept run; one line each, then the first refusal or outage as
     the command's error."""
     from pipeline.tracking.kept_runs import publish_strategy
 
-    unreachable, refused = [], []
+    unreachable, refused, half_made = [], [], False
     for name in names:
         try:
             print(f"publish: {publish_strategy(name, model_of=model_of)}", flush=True)
@@ -59,6 +64,7 @@ def publish_all(names: list[str], model_of: Optional[Callable[[Path], Any]]) -> 
             print(f"publish: {name}: refused: {err}", flush=True)
         except Exception as err:  # noqa: BLE001 - report each strategy, then fail overall
             unreachable.append(name)
+            half_made = half_made or HALF_MIGRATED in str(err)
             print(
                 f"publish: {name}: MLflow at {tracking_uri()} unreachable: {first_line(err)}",
                 file=sys.stderr,
@@ -66,6 +72,12 @@ def publish_all(names: list[str], model_of: Optional[Callable[[Path], Any]]) -> 
             )
     if refused:
         raise UserError(refused[0] + (f" (and {len(refused) - 1} more)" if refused[1:] else ""))
+    if half_made:  # no later try mends it: MLflow will not migrate over its own leftovers
+        raise UserError(
+            f"MLFLOW_TRACKING_URI: the store at {tracking_uri()} is half-made (its schema "
+            "migration was cut short, as a full disk does); move it aside (to a name of "
+            "your choice) and run this again: every run is kept locally and is pushed whole"
+        )
     if unreachable:
         raise UserError(
             f"MLFLOW_TRACKING_URI: could not reach {tracking_uri()} for "

@@ -103,3 +103,21 @@ def test_a_commands_full_disk_is_one_line_and_exit_74(tmp_path):
     assert proc.returncode == errors.DISK_FULL_EXIT == 74
     assert proc.stderr.splitlines() == ["error: " + no_space_line(Path("reports/index.html"))]
     assert disk_full(Path("x")).errno == errno.ENOSPC
+
+
+def test_publish_says_what_to_do_with_a_store_whose_making_ran_out_of_space(monkeypatch):
+    """A SQLite store whose schema migration a full disk cut short is left half-made by
+    MLflow, which then refuses it at every try ("table _alembic_tmp_experiments already
+    exists": produced by hand on a 600 KiB tmpfs). publish says so, and what to do, instead
+    of "run again later". (The failure is the store's; publish_strategy raises it here.)"""
+    from pipeline import publish
+    from pipeline.tracking import kept_runs
+
+    def half_made(name, model_of=None):
+        raise RuntimeError(
+            "(sqlite3.OperationalError) table _alembic_tmp_experiments already exists"
+        )
+
+    monkeypatch.setattr(kept_runs, "publish_strategy", half_made)
+    with pytest.raises(errors.UserError, match="is half-made .* move it aside"):
+        publish.publish_all(["single"], None)
