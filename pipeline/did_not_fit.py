@@ -13,7 +13,7 @@ finished. The report lists it apart from the ranked strategies.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,7 +45,6 @@ class DidNotFit:
     fix: str  # the keys that would make it fit
     epochs_done: int = 0  # whole epochs before it
     outcome: str = DID_NOT_FIT
-    notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         """What the stage says: one line."""
