@@ -22,13 +22,12 @@ from pipeline.numerics.optim import LrSchedule, loss_function, make_optimizer
 from pipeline.numerics.precision import (
     Precision,
     build_precision,
-    compile_forward,
     configure_backends,
     fallback,
     gpu_capability,
-    graph_step_marker,
     job_capabilities,
 )
+from pipeline.numerics.torch_compile import compile_forward, graph_step_marker, mode_that_runs
 from pipeline.resnet import build_model
 from pipeline.run_spec import RunSpec
 from pipeline.strategies.base import (
@@ -157,8 +156,8 @@ def speed_features(
     when two runs differ in more than their strategy. `compile_mode`: the mode the forward
     was compiled in, None where it was not; `cuda_graphs`: the strategy takes them
     (StrategyFacts); `graphed`: the whole step is one graph."""
-    if compile_mode == "reduce-overhead" and not cuda_graphs:
-        compile_mode = "default"  # as compile_forward runs it
+    if compile_mode is not None:
+        compile_mode = mode_that_runs(compile_mode, cuda_graphs)
     compile_graphs = device.type == "cuda" and compile_mode in ("reduce-overhead", "max-autotune")
     return {
         "precision": precision,

@@ -24,8 +24,7 @@ average scaled gradients with unscaled ones.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -35,11 +34,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from pipeline.config import TrainConfig
-from pipeline.strategies.base import Forward
-
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-RECOMPILE_LIMIT = 64  # graphs per function: 8 residual blocks x train/eval, with room
 
 
 @dataclass
@@ -220,66 +215,6 @@ def configure_backends(precision: Precision, device: torch.device) -> None:
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
-
-
-def compile_forward(
-    forward: Optional[Forward], enabled: bool, mode: str = "default", cuda_graphs: bool = True
-) -> tuple[Optional[Forward], list[str]]:
-    """torch.compile the strategy's forward (the DDP/FSDP-wrapped module where there is one,
-    which is how both are meant to be compiled). The strategy keeps its uncompiled module for
-    parameters and state_dict, so checkpoints and results keep their keys. Shapes are fixed
-    (remainders are dropped, evaluation batches padded), hence dynamic=False.
-
-    Where a wrapper's hooks break the graph between blocks (FSDP), each residual block is
-    compiled on its own, once per block shape and per train/eval mode: more graphs for one
-    function than dynamo's default limit of 8, past which it would silently run the rest
-    eagerly. The limit is raised to cover the model's blocks."""
-    if not enabled:
-        return forward, []
-    if forward is None:
-        return None, ["compile: not applied; this strategy runs its own pipeline schedule"]
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(
-        torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
-    )
-    notes = ["compile: the first epoch includes compilation; compare steady epochs"]
-    if mode == "reduce-overhead" and not cuda_graphs:
-        mode = "default"
-        notes.append(
-            "compile mode reduce-overhead: not applied (no CUDA graphs for this "
-            "strategy); default mode instead"
-        )
-    if mode != "default":
-        notes.append(f"compile mode: {mode}")
-    return torch.compile(forward, dynamic=False, mode=mode), notes
-
-
-def compile_cache_line() -> str:
-    """What this process's compilation took from inductor's on-disk cache (its FX graph
-    cache: each compiled forward and backward graph) and what it compiled afresh, for the
-    stage's log: a repeat run of the same code and settings loads every graph (issue 29;
-    the launcher keeps the cache in the project)."""
-    from torch._dynamo.utils import counters
-
-    found = counters["inductor"]
-    loaded, compiled = found["fxgraph_cache_hit"], found["fxgraph_cache_miss"]
-    where = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's default directory")
-    bypassed = found["fxgraph_cache_bypass"]
-    return (
-        f"compile cache: {loaded} of {loaded + compiled + bypassed} graphs loaded from {where}, "
-        f"{compiled} compiled" + (f", {bypassed} not cacheable" if bypassed else "")
-    )
-
-
-def graph_step_marker(train: TrainConfig, cuda_graphs: bool) -> Callable[[], None]:
-    """What to call before each forward. CUDA graphs (compile_mode reduce-overhead, where the
-    strategy takes them: Parallel.cuda_graphs, as in compile_forward) reuse their output
-    buffers, and must be told where a new step begins; otherwise nothing, as the call
-    imports torch._inductor (seconds) on first use."""
-    if train.compile and train.compile_mode == "reduce-overhead" and cuda_graphs:
-        return torch.compiler.cudagraph_mark_step_begin
-    return lambda: None
 
 
 def cpu_has_native_bf16() -> bool:

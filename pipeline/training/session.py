@@ -33,7 +33,7 @@ from pipeline.errors import first_line
 from pipeline.interrupts.faults import hooks_from_env
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training, build_training
-from pipeline.numerics.precision import compile_cache_line
+from pipeline.numerics.torch_compile import compile_cache_line
 from pipeline.recording.live import LiveProgress, LiveSettings
 from pipeline.recording.recorder import RunRecorder, writer_log
 from pipeline.results import CHECKPOINTS, EpochRow, RunSummary

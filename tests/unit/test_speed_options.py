@@ -36,9 +36,9 @@ from pipeline.numerics.optim import LrSchedule, loss_function, make_optimizer
 from pipeline.numerics.precision import (
     auto_choice,
     build_precision,
-    compile_forward,
     configure_backends,
 )
+from pipeline.numerics.torch_compile import compile_forward
 from pipeline.resnet import build_model
 from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
 from support import write_raw
