@@ -233,11 +233,11 @@ class ProjectRow:
 def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
     """The train stage's tracker: a run in an MLflow store of its own (not the project's),
     system metrics at report.system_metrics_interval_s."""
-    from pipeline.tracking.mlflow_run import Tracker, new_record
+    from pipeline.tracking.mlflow_run import MlflowTracker, new_record
     from pipeline.tracking.provenance import base_tags, gpu_uuids
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory / 'mlflow.db'}"
-    tracker = Tracker(
+    tracker = MlflowTracker(
         directory / "run.json",
         new_record(name, "bench", name, base_tags(), flatten(cfg)),
         fresh=True,

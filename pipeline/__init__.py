@@ -15,7 +15,7 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
                  checkpoints, memory, faults (hooks), devices, topology
     strategies/  one module per strategy (single, dp, balanced_dp, ddp, fsdp,
                  pipeline_parallel) and the helpers only strategies use
-    tracking/    the MLflow run (Tracker), the runs kept locally (kept_runs), system metrics,
+    tracking/    the MLflow run (MlflowTracker), the runs kept locally (kept_runs), system metrics,
                  provenance tags, the comparison run (comparison_run)
     reporting/   the compare stage's report (report.py: the answer, which strategy per
                  objective; the table, plots, pages) and the experiments table

@@ -84,11 +84,11 @@ class RunRecorder:
         self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
         self.writer = training.run.writer
         self.say = writer_log(self.name, self.writer)
-        self.tracker = self._open_tracker(events) if self.writer else NullTracker()
+        self.tracker: Tracker = self._open_tracker(events) if self.writer else NullTracker()
         if self.history:  # a resumed run's epochs, back in the plot DVC removed before the stage
             self._write_history()
 
-    def _open_tracker(self, events: Path | None) -> Tracker | Relay:
+    def _open_tracker(self, events: Path | None) -> Tracker:
         """The MLflow run (a resumed run continues the same one), its system metrics started:
         handed to the stage's publisher where the launcher started one (`events`), else kept
         in this process."""

@@ -21,17 +21,15 @@ from pipeline.strategies.base import (
     StrategyFacts,
     StrategySpec,
     gpu_count_or_nproc,
-    writer_buffers,
 )
-from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm, unsynced_note
+from pipeline.strategies.sync_batchnorm import batchnorm_synced, rank_batchnorm
 
 FACTS = StrategyFacts(
     name="ddp",
     options=DdpConfig,
     spans_nodes=True,
     data_parallel=True,
-    # SyncBN normalises over the global micro-batch: ranks only split the work
-    same_at_any_world_size=lambda options: options.sync_bn,
+    same_at_any_world_size=batchnorm_synced,
     shaping_keys=("sync_bn",),
 )
 
@@ -43,8 +41,8 @@ def nproc(options: DdpConfig, plan: BatchPlan, n_gpus: int) -> int:
 def parallelize(
     model: nn.Sequential, options: DdpConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
 ) -> DataParallelRun:
-    if options.sync_bn:
-        model = convert_sync_batchnorm(model, ctx.on_cuda)
+    batchnorm = rank_batchnorm("ddp", model, options.sync_bn, plan, ctx.on_cuda)
+    model = batchnorm.model
     device_ids = [ctx.device.index] if ctx.on_cuda else None
     # DDP's defaults on purpose: static_graph=True fails on the first no_sync() step of
     # gradient accumulation (reducer.cpp "expect_autograd_hooks_", torch 2.14), and
@@ -54,8 +52,6 @@ def parallelize(
     def reduce_grads_if(is_last: bool) -> AbstractContextManager[None]:
         return nullcontext() if is_last else ddp.no_sync()
 
-    note = None if options.sync_bn else unsynced_note("ddp", plan.per_rank, plan.data_world)
-    notes = (note,) if note else ()
     return DataParallelRun(
         module=ddp,
         forward=ddp,
@@ -64,8 +60,8 @@ def parallelize(
         batch_split=[plan.per_rank] * ctx.world_size,
         reduce_grads_if=reduce_grads_if,
         full_state_dict=lambda: {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        notes=notes,
-        before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
+        notes=batchnorm.notes,
+        before_eval=batchnorm.before_eval,
     )
 
 

@@ -34,17 +34,15 @@ from pipeline.strategies.base import (
     StrategyFacts,
     StrategySpec,
     gpu_count_or_nproc,
-    writer_buffers,
 )
-from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm, unsynced_note
+from pipeline.strategies.sync_batchnorm import batchnorm_synced, rank_batchnorm
 
 FACTS = StrategyFacts(
     name="fsdp",
     options=FsdpConfig,
     spans_nodes=True,
     data_parallel=True,
-    # SyncBN normalises over the global micro-batch: ranks only split the work
-    same_at_any_world_size=lambda options: options.sync_bn,
+    same_at_any_world_size=batchnorm_synced,
     shaping_keys=("sync_bn", "mixed_precision"),
     # With its per-block all-gather/free hooks between graphs, reduce-overhead ran 24 s an
     # epoch on an H100, 27x single's (docs/performance.md).
@@ -81,8 +79,8 @@ def shard(model: nn.Sequential, mesh: DeviceMesh, mixed_precision: str) -> None:
 def parallelize(
     model: nn.Sequential, options: FsdpConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
 ) -> DataParallelRun:
-    if options.sync_bn:
-        model = convert_sync_batchnorm(model, ctx.on_cuda)
+    batchnorm = rank_batchnorm("fsdp", model, options.sync_bn, plan, ctx.on_cuda)
+    model = batchnorm.model
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     shard(model, mesh, options.mixed_precision)
 
@@ -100,9 +98,7 @@ def parallelize(
             for k, v in model.state_dict().items()
         }
 
-    notes = []
-    if not options.sync_bn and (note := unsynced_note("fsdp", plan.per_rank, plan.data_world)):
-        notes.append(note)
+    notes = list(batchnorm.notes)
     if options.mixed_precision != "none":
         notes.append(
             f"fsdp mixed precision: {options.mixed_precision} parameters in "
@@ -118,7 +114,7 @@ def parallelize(
         reduce_grads_if=reduce_grads_if,
         full_state_dict=full_state_dict,
         notes=tuple(notes),
-        before_eval=(lambda: None) if options.sync_bn else writer_buffers(model),
+        before_eval=batchnorm.before_eval,
         # the mesh holds its groups in a registry of its own (torch 2.14), and DTensor's
         # sharding caches hold the mesh for the life of the process
         release=mesh._pg_registry.clear,

@@ -16,12 +16,17 @@ ranks hold bitwise the same statistics. On CUDA the native SyncBatchNorm is used
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd.function import FunctionCtx
+
+from pipeline.batch_plan import BatchPlan
+from pipeline.strategies.base import writer_buffers
 
 DIMS = (0, 2, 3)  # all but the channels
 
@@ -144,3 +149,42 @@ def unsynced_note(name: str, per_rank: int, world: int) -> str | None:
         f"in single; before each evaluation every rank takes rank 0's running statistics, "
         f"which model.pt holds"
     )
+
+
+# --- what `sync_bn` decides for a strategy whose ranks each run the whole model on their
+# share of every micro-batch (ddp, fsdp): written once, for both
+
+
+class SyncBnOptions(Protocol):
+    """A params section with `sync_bn` (ddp's, fsdp's)."""
+
+    @property
+    def sync_bn(self) -> bool: ...
+
+
+def batchnorm_synced(options: SyncBnOptions) -> bool:
+    """Such a strategy's `same_at_any_world_size` (StrategyFacts): SyncBN normalises over the
+    global micro-batch, so its ranks only split the work."""
+    return options.sync_bn
+
+
+@dataclass(frozen=True)
+class RankBatchNorm:
+    """BatchNorm as `sync_bn` leaves it to such a strategy: the model to parallelize, what the
+    run's notes say of it, and the run's `before_eval` (DataParallelRun)."""
+
+    model: nn.Sequential
+    notes: tuple[str, ...]
+    before_eval: Callable[[], None]
+
+
+def rank_batchnorm(
+    name: str, model: nn.Sequential, sync_bn: bool, plan: BatchPlan, on_cuda: bool
+) -> RankBatchNorm:
+    """With `sync_bn`, every BatchNorm synchronised across the ranks, nothing to note or to do
+    before an evaluation; without, each rank's own statistics, said in a note, and before each
+    evaluation every rank takes the writer's (`writer_buffers`), which model.pt holds."""
+    if sync_bn:
+        return RankBatchNorm(convert_sync_batchnorm(model, on_cuda), (), lambda: None)
+    note = unsynced_note(name, plan.per_rank, plan.data_world)
+    return RankBatchNorm(model, (note,) if note else (), writer_buffers(model))

@@ -8,11 +8,12 @@ store, it creates it there with everything kept on disk), logs params and tags, 
 MLflow lacks (checked against the server, so a restarted job never logs an epoch twice, each
 stamped with the time the epoch ended), artifacts, the final model as an MLflow model (once:
 `log_final_model`), and the status. Per epoch it runs on a
-background thread (`Tracker.publish_soon`); the end of the stage waits for it. If the
+background thread (`MlflowTracker.publish_soon`); the end of the stage waits for it. If the
 tracking server is down, training goes on, a warning says what is pending, and the next push
 (every epoch, at the end of the stage, or `python -m pipeline.publish`) delivers it.
 Step-level metrics are the exception: a live view sent as training goes, never kept
-(step_metrics.py). Non-writing ranks get `NullTracker`.
+(step_metrics.py). Non-writing ranks get `NullTracker`, and a stage with a publisher process
+hands its writer's calls over (relay.py's `Relay`): all three are `Tracker`s.
 
 Status: RUNNING while a stage trains (again RUNNING when a stopped run resumes), then
 FINISHED, FAILED (an error; the launcher marks a run whose workers died without a word) or
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from pipeline.errors import UserError, first_line, no_space_line, out_of_space
 from pipeline.files import atomic_write
@@ -56,10 +57,32 @@ FINAL = "final/"
 STEP_METRICS_FLUSH_S = 2.0
 
 
-class NullTracker:
-    """What non-writing ranks get, so the loop never asks `if rank == 0`."""
+# one function, not a lambda in each signature: the publishers' signatures are then equal,
+# default for default (tests/unit/test_tracker_protocol.py)
+def never() -> bool:
+    """`give_up`'s default: no stop was asked for, the final push may wait its `wait_s`."""
+    return False
 
-    run_id: Optional[str] = None
+
+class Tracker(Protocol):
+    """The publisher of one run's MLflow events, as the writer's recorder holds it:
+    `MlflowTracker` (pushes from this process), relay.py's `Relay` (hands each call to the
+    stage's publisher process, which replays it on an MlflowTracker) or `NullTracker` (a rank
+    that does not write). The contract is stated here once; each class documents only what
+    it adds to it. An outage of MLflow fails none of them: run.json, the checkpoint record
+    and results/ stay the truth, and what is pending is pushed later."""
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's MLflow id, None while it is not created (yet)."""
+
+    def publish_soon(self, history: list[EpochRow]) -> None:
+        """Publish `history` (every epoch so far: each call carries all that MLflow may
+        lack), returning at once."""
+
+    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+        """A step-level point (`step_train_loss`, ...) at MLflow step `step`, sent as training
+        goes and never kept (step_metrics.py); returns at once."""
 
     def publish(
         self,
@@ -67,10 +90,25 @@ class NullTracker:
         artifacts: Sequence[Path] = (),
         status: Optional[str] = None,
         wait_s: float = 0.0,
-        give_up: Callable[[], bool] = lambda: False,
+        give_up: Callable[[], bool] = never,
         model: Optional[ModelSource] = None,
     ) -> bool:
-        return True
+        """Push what MLflow lacks of `history` and `artifacts`, and `status` if given (the
+        run's end: FINISHED, FAILED, KILLED); `model`, the final model, is logged once
+        (`log_final_model`) by a tracker that logs models. With `wait_s`, keep retrying that
+        long (a tracking server that is restarting gets a grace period at the end of a
+        stage), unless `give_up` says so (a SIGTERM: the process has its grace period to
+        leave). True when nothing is left pending; never raises on an outage."""
+
+    def close(self) -> None:
+        """The writer is done with the run: what publishes it ends, what is queued sent first."""
+
+
+class NullTracker:
+    """What non-writing ranks get, so the loop never asks `if rank == 0`: every call does
+    nothing, and `publish` says nothing is pending."""
+
+    run_id: Optional[str] = None
 
     def publish_soon(self, history: list[EpochRow]) -> None:
         pass
@@ -78,10 +116,16 @@ class NullTracker:
     def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         pass
 
-    def start_system_metrics(
-        self, interval_s: float | None, gpu_uuids: dict[str, str] | None, resume: bool
-    ) -> None:
-        pass
+    def publish(
+        self,
+        history: list[EpochRow],
+        artifacts: Sequence[Path] = (),
+        status: Optional[str] = None,
+        wait_s: float = 0.0,
+        give_up: Callable[[], bool] = never,
+        model: Optional[ModelSource] = None,
+    ) -> bool:
+        return True
 
     def close(self) -> None:
         pass
@@ -110,8 +154,8 @@ def new_record(
     }
 
 
-class Tracker:
-    """The writer's side of one strategy's MLflow run."""
+class MlflowTracker:
+    """The writer's side of one strategy's MLflow run, pushed from this process (a `Tracker`)."""
 
     def __init__(self, record_path: Path, new: dict[str, Any], fresh: bool):
         """`new`: the record of this run were it new (`new_record`: its fingerprint, its
@@ -196,8 +240,7 @@ class Tracker:
             self._publish(history)
 
     def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
-        """A step-level point (`step_train_loss`, ...) at MLflow step `step`, sent by a
-        background thread; returns at once, and never delays training (step_metrics.py)."""
+        """`Tracker.log_steps_soon`, sent by step_metrics.py's background thread."""
         self._steps.log_soon(step, metrics, timestamp_ms)
 
     def publish(
@@ -206,15 +249,11 @@ class Tracker:
         artifacts: Sequence[Path] = (),
         status: Optional[str] = None,
         wait_s: float = 0.0,
-        give_up: Callable[[], bool] = lambda: False,
+        give_up: Callable[[], bool] = never,
         model: Optional[ModelSource] = None,
     ) -> bool:
-        """Push what MLflow lacks, and `status` if given; `model`, the final model, is logged
-        once (`log_final_model`). True when nothing is pending; never
-        raises on an outage. With wait_s, keep retrying that long first (a tracking server
-        that is restarting gets a grace period at the end of a stage), unless `give_up` says
-        so (a SIGTERM: the process has its grace period to leave). Waits for a background
-        push first, and a little for the step metrics still queued."""
+        """`Tracker.publish` in this process: it waits for a background push first, and a
+        little for the step metrics still queued; within `wait_s` it tries again every 5 s."""
         if self._background is not None:
             self._background.join()
             self._background = None
@@ -229,7 +268,7 @@ class Tracker:
         history: list[EpochRow],
         artifacts: Sequence[Path] = (),
         wait_s: float = 0.0,
-        give_up: Callable[[], bool] = lambda: False,
+        give_up: Callable[[], bool] = never,
         model: Optional[ModelSource] = None,
     ) -> bool:
         deadline = time.monotonic() + wait_s

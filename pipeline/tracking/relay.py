@@ -4,7 +4,7 @@
 torch, so that MLflow's imports run beside the launcher's; the run's writer hands it each
 event of the run (`Relay`: opened, an epoch, a few step metrics, the final push, closed) as
 one line of JSON appended to a file, and the publisher replays them on the writer's
-`Tracker` (mlflow_run.py), which does what it always did: run.json, the idempotent pushes,
+`MlflowTracker` (mlflow_run.py), which does what it always did: run.json, the idempotent pushes,
 system metrics. (The final model is logged by the compare and publish stages, which load
 torch and MLflow's model code once for every strategy: here they would cost a stage on 2 CPU
 cores 3.5 s of imports after its last epoch.) So a training process never imports MLflow,
@@ -16,8 +16,8 @@ cost").
 Nothing is lost on the way: run.json, the checkpoint record and results/ stay the truth, as
 before; the events file lives until the publisher has replayed it, the launcher waits for the
 publisher before it exits, and `python -m pipeline.publish` delivers whatever a killed stage
-left pending. A worker started by `torchrun` by hand has no publisher and keeps its Tracker in
-process (`open_tracker`).
+left pending. A worker started by `torchrun` by hand has no publisher and keeps its
+MlflowTracker in process (`open_tracker`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ from typing import Any, NamedTuple, Optional
 from pipeline.errors import DISK_FULL_EXIT, NO_SPACE, out_of_space
 from pipeline.results import EpochRow
 from pipeline.timeline import PUBLISHER_CPU, mark
-from pipeline.tracking.mlflow_run import Tracker, read_record
+from pipeline.tracking.mlflow_run import (
+    MlflowTracker,
+    ModelSource,
+    Tracker,
+    never,
+    read_record,
+)
 from pipeline.tracking.preload import client_code
 from pipeline.tracking.store import client, experiment_id, store_creation, tracking_uri
 
@@ -98,10 +104,10 @@ def rows(records: list[dict[str, Any]]) -> list[EpochRow]:
     return [EpochRow.from_record(r) for r in records]
 
 
-def open_tracker(record_path: Path, opening: Opening) -> Tracker:
-    """The run's Tracker, its run opened in MLflow on a background thread, then its system
-    metrics started and the final model's code loaded while training runs."""
-    tracker = Tracker(record_path, opening.new, fresh=opening.fresh)
+def open_tracker(record_path: Path, opening: Opening) -> MlflowTracker:
+    """The run's MlflowTracker, its run opened in MLflow on a background thread, then its
+    system metrics started and the final model's code loaded while training runs."""
+    tracker = MlflowTracker(record_path, opening.new, fresh=opening.fresh)
 
     def then() -> None:  # on the open's background thread, once the run is open
         resume = bool(opening.history)
@@ -118,7 +124,7 @@ def append_event(events: Path, event: dict[str, Any]) -> None:
 
 
 class Relay:
-    """The writer's side: the same calls as a Tracker, each handed to the publisher at once."""
+    """The writer's side, a `Tracker`: each call handed to the publisher at once."""
 
     def __init__(self, events: Path, record_path: Path, opening: Opening):
         self.events, self.record_path = events, record_path
@@ -143,10 +149,15 @@ class Relay:
         artifacts: Sequence[Path] = (),
         status: Optional[str] = None,
         wait_s: float = 0.0,
-        give_up: Callable[[], bool] = lambda: False,
+        give_up: Callable[[], bool] = never,
+        model: Optional[ModelSource] = None,
     ) -> bool:
-        """Hand over the push; `give_up` is asked now: a stop requested by then makes the
-        publisher's push one attempt. True: handed over."""
+        """Hand over the push; True: handed over (what becomes of it, the publisher says).
+        `give_up` is asked now: a stop requested by then makes the publisher's push one
+        attempt. `model` is not handed over: an event is a line of JSON, and a model is a
+        closure over torch objects that the publisher process could not take (nor should it
+        import torch for it). The compare and publish stages log the run's final model from
+        results/<strategy>/ (kept_runs.log_final_models) where it has none."""
         event = {
             "event": "publish",
             "history": [r.to_record() for r in history],
@@ -175,7 +186,7 @@ def read_events(events: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 
 class Replay:
-    """The publisher's side: the writer's events, replayed on its Tracker in order."""
+    """The publisher's side: the writer's events, replayed on its MlflowTracker in order."""
 
     def __init__(self, record_path: Path, stop: threading.Event):
         """`stop`: a stop was requested (a SIGTERM), so the final push makes one attempt

@@ -28,7 +28,7 @@ class StepMetrics:
     def __init__(self, run_id: Callable[[], Optional[str]]):
         """`run_id`: the run's id in MLflow when a batch is sent (None: not created yet)."""
         self.run_id = run_id
-        # set once the run's creation in MLflow was tried (Tracker.open_soon): points queued
+        # set once the run's creation in MLflow was tried (MlflowTracker.open_soon): points queued
         # before that wait for it rather than being dropped as runless
         self.opened = threading.Event()
         self.opened.set()

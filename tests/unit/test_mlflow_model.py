@@ -19,7 +19,7 @@ from pipeline.resnet import build_model
 from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
 from pipeline.tracking.comparison_run import register_model, seed_accuracies
 from pipeline.tracking.final_model import input_example, model_source, plain_model
-from pipeline.tracking.mlflow_run import MODEL_NAME, Tracker, new_record, tensor_signature
+from pipeline.tracking.mlflow_run import MODEL_NAME, MlflowTracker, new_record, tensor_signature
 from support import run_summary
 
 
@@ -53,7 +53,7 @@ def results(tmp_path):
 
 def published(tmp_path, results):
     out, data, _ = results
-    tracker = Tracker(
+    tracker = MlflowTracker(
         tmp_path / "run.json", new_record("f", "tests", "ddp", {}, {"lr": 0.1}), fresh=True
     )
     assert tracker.publish([], [out / MODEL], status="FINISHED", model=model_source(out, data))
@@ -130,7 +130,7 @@ def test_the_recommended_model_is_registered_once(tmp_path, store, results):
 
 
 def test_registration_says_why_not(tmp_path, store, monkeypatch):
-    bare = Tracker(tmp_path / "run.json", new_record("f", "tests", "ddp", {}, {}), fresh=True)
+    bare = MlflowTracker(tmp_path / "run.json", new_record("f", "tests", "ddp", {}, {}), fresh=True)
     bare.publish([], status="FINISHED")
     missing = register_model("tests", "ddp", "highest throughput", bare.run_id)
     assert missing.version is None and "has no logged model yet" in missing.why_not
@@ -169,7 +169,7 @@ def test_compare_registers_each_objectives_pick_under_its_alias(tmp_path, store,
     out, data, trained = results
     run_ids = {}
     for name in ("single", "ddp"):
-        tracker = Tracker(
+        tracker = MlflowTracker(
             tmp_path / f"{name}.json", new_record(name, "tests", name, {}, {}), fresh=True
         )
         assert tracker.publish([], status="FINISHED", model=model_source(out, data))

@@ -1,7 +1,7 @@
 """The writer's MLflow events and the publisher that replays them (pipeline/tracking/relay.py):
-whole lines only, the same run a Tracker in the writer would make, a restarted writer going on
-with the same run, a publisher process that ends when told or when its launcher is gone, and
-a stop that cuts its waits short."""
+whole lines only, the same run an MlflowTracker in the writer would make, a restarted writer
+going on with the same run, a publisher process that ends when told or when its launcher is
+gone, and a stop that cuts its waits short."""
 
 import json
 import os

@@ -12,14 +12,14 @@ from mlflow.tracking import MlflowClient
 from pipeline.errors import UserError
 from pipeline.results import EpochRow
 from pipeline.tracking.kept_runs import publish_strategy
-from pipeline.tracking.mlflow_run import Tracker, new_record
+from pipeline.tracking.mlflow_run import MlflowTracker, new_record
 from support import wait_for
 
 
 @pytest.fixture
 def tracker(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = Tracker(
+    tracker = MlflowTracker(
         tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=True
     )
     tracker.publish([])
@@ -57,7 +57,9 @@ def test_an_epoch_asked_for_while_the_run_opens_arrives_without_another_push(tmp
     """The writer may hold after its first epoch (a fault, a slow step): that epoch must reach
     MLflow though no later push comes to carry it."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = Tracker(tmp_path / "run.json", new_record("f", "tests", "run", {}, {}), fresh=True)
+    tracker = MlflowTracker(
+        tmp_path / "run.json", new_record("f", "tests", "run", {}, {}), fresh=True
+    )
     opening = threading.Event()
     tracker.open_soon([], then=opening.wait)  # the open's thread busy until released
     tracker.publish_soon([epoch(1)])
@@ -86,7 +88,7 @@ def test_statuses_follow_the_stage_and_a_resumed_run_runs_again(tracker, tmp_pat
     assert client.get_run(tracker.run_id).info.status == "RUNNING"
     tracker.publish([epoch(1)], status="KILLED")  # SIGTERM: checkpointed, to be resumed
     assert client.get_run(tracker.run_id).info.status == "KILLED"
-    resumed = Tracker(
+    resumed = MlflowTracker(
         tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=False
     )
     resumed.publish([epoch(1)])
@@ -101,7 +103,7 @@ def test_a_fresh_start_of_the_same_identity_gets_a_run_of_its_own(tracker, tmp_p
     a new MLflow run with its own epochs and artifacts; the old one stays as it ended."""
     client = MlflowClient()
     tracker.publish([epoch(1), epoch(2)], status="FINISHED")
-    again = Tracker(
+    again = MlflowTracker(
         tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=True
     )
     again.publish([epoch(1)])
@@ -169,7 +171,7 @@ def test_a_finished_run_keeps_its_start_and_end_when_its_stage_runs_again(tracke
     history = [epoch(1, started / 1000 + 1.0), epoch(2, last_epoch_ended)]
     tracker.publish(history, status="FINISHED")
     assert client.get_run(tracker.run_id).info.end_time == int(last_epoch_ended * 1000)
-    again = Tracker(
+    again = MlflowTracker(
         tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=False
     )
     again.publish(history)
@@ -220,7 +222,7 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
     assert tags["speed_note"] == note["speed_note"]
     assert tags["mlflow.parentRunId"] == parents[0]
     # a new run of the strategy: a new comparison, and the old parent, now empty, goes
-    newer = Tracker(
+    newer = MlflowTracker(
         tmp_path / "run2.json", new_record("g", "tests", "run", {}, {"lr": 0.2}), fresh=True
     )
     newer.publish([])
@@ -246,7 +248,9 @@ def test_the_comparison_carries_its_runs_torch_stack_not_its_own(tracker, tmp_pa
     from pipeline.tracking.comparison_run import open_comparison
     from pipeline.tracking.provenance import TORCH_STACK
 
-    other = Tracker(tmp_path / "run2.json", new_record("h", "tests", "ddp", {}, {}), fresh=True)
+    other = MlflowTracker(
+        tmp_path / "run2.json", new_record("h", "tests", "ddp", {}, {}), fresh=True
+    )
     other.publish([])
     client = MlflowClient()
     stacks = [
@@ -266,7 +270,9 @@ def test_the_comparison_carries_its_runs_torch_stack_not_its_own(tracker, tmp_pa
         "nvidia_driver": "580.65.06",
     }
     # a run logged without them: this machine's own
-    bare = Tracker(tmp_path / "run3.json", new_record("i", "tests", "fsdp", {}, {}), fresh=True)
+    bare = MlflowTracker(
+        tmp_path / "run3.json", new_record("i", "tests", "fsdp", {}, {}), fresh=True
+    )
     bare.publish([])
     parent = open_comparison("tests", [bare.run_id], {}, {}).parent_id
     assert client.get_run(parent).data.tags["torch"] == torch.__version__
