@@ -63,7 +63,8 @@ from pipeline.numerics.precision import build_precision, configure_backends, cpu
 from pipeline.resnet import build_model
 from pipeline.results import EpochRow
 from pipeline.run_spec import resolve_run
-from pipeline.training.loop import Trainer, train_epoch, wait_for_device
+from pipeline.training.meter import wait_for_device
+from pipeline.training.trainer import Trainer
 from pipeline.training.tuning import settle
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,7 +202,7 @@ class ProjectRow:
     def epoch(self) -> float:
         configure_backends(self.prec, self.ctx.device)  # rows differ in process-wide flags
         start = time.perf_counter()
-        train_epoch(self.trainer, self.index, 0, self.totals)
+        self.trainer.train_epoch(self.index, 0, self.totals)
         wait_for_device(self.ctx.device)
         loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
         self.totals.zero_()

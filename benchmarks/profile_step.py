@@ -29,7 +29,8 @@ from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import build_training
 from pipeline.run_spec import resolve_run
-from pipeline.training.loop import Trainer, train_epoch, wait_for_device
+from pipeline.training.meter import wait_for_device
+from pipeline.training.trainer import Trainer
 from pipeline.training.tuning import settle
 
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             def steps(n: int, start: int) -> None:
                 # train_epoch over a slice of the epoch: the loader's steps start..start+n
                 loader.steps, real = start + n, loader.steps
-                train_epoch(trainer, 0, start, totals)
+                trainer.train_epoch(0, start, totals)
                 loader.steps = real
 
             steps(args.warmup, 0)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             # a second, unprofiled pass: the profiler's own overhead inflates the first
             loader.steps = args.warmup + args.steps
             start = time.perf_counter()
-            train_epoch(trainer, 1, args.warmup, totals)
+            trainer.train_epoch(1, args.warmup, totals)
             wait_for_device(device)
             plain = (time.perf_counter() - start) / args.steps
         finally:

@@ -10,9 +10,15 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
     errors.py    UserError: one line, exit 2
 
     data/        fetching, the IDX format, device-resident data and batches
-    training/    launcher (the elastic agent), worker, run_spec (the Config resolved once),
-                 session (resume, epochs, results), loop, model, precision, optimizer,
-                 checkpoints, memory, faults (hooks), devices, topology
+    launch/      the stage's processes: launcher (validate, the elastic agent, an exit
+                 code), worker (one rank's life), topology, rendezvous, devices
+    training/    a rank's run: session (assembled, resumed), trainer (fit, epoch, step,
+                 evaluation), meter (seconds, load, memory per epoch)
+    numerics/    what a step computes: build, precision, torch_compile, optimizer, graphs
+    checkpoints/ a run's state on disk, when it is saved, what a resume must match
+    recording/   what a run shows and keeps as it trains (live progress, results/, events)
+    interrupts/  a stop voted across ranks; test-only fault hooks
+    scaling/     the predict stage: a strategy at N devices, from one rank's real step
     strategies/  one module per strategy (single, dp, balanced_dp, ddp, fsdp,
                  pipeline_parallel) and the helpers only strategies use
     tracking/    the MLflow run (MlflowTracker), the runs kept locally (kept_runs), system metrics,

@@ -19,11 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
-
-import torch.distributed as dist
-
-from pipeline.context import DistContext
+from typing import Optional
 
 # thread id -> (ns it ran, ns it waited for a core)
 Times = Mapping[str, tuple[int, int]]
@@ -58,13 +54,3 @@ def wait_share(before: Optional[Times], after: Optional[Times]) -> Optional[floa
         r0, w0 = before.get(thread, (0, 0))
         ran, waited = ran + r - r0, waited + w - w0
     return waited / (ran + waited) if ran + waited > 0 else None
-
-
-def busiest(share: Optional[float], ctx: DistContext) -> Optional[float]:
-    """The largest share over the ranks (a collective: every rank calls it): every step of a
-    multi-process strategy waits for its slowest rank. None where a rank measured none."""
-    if ctx.world_size == 1:
-        return share
-    everyone: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(everyone, share)
-    return None if None in everyone else max(everyone)

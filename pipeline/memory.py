@@ -31,7 +31,6 @@ from typing import Any, Optional
 
 import psutil
 import torch
-import torch.distributed as dist
 
 from pipeline.context import DistContext
 from pipeline.results import NOT_SEPARABLE, device_metric, parse_device_metric
@@ -104,15 +103,6 @@ def peak_rss_bytes() -> int:
         match = None
     current: int = psutil.Process().memory_info().rss  # psutil is untyped here
     return max(int(match.group(1)) * 1024, current) if match else current
-
-
-def gather_peaks(local: list[DevicePeak], ctx: DistContext) -> list[DevicePeak]:
-    """Every rank's peaks, on every rank (all ranks must call it: it is a collective)."""
-    if ctx.world_size == 1:
-        return merge_peaks([local])
-    everyone: list[Any] = [None] * ctx.world_size  # all_gather_object fills it
-    dist.all_gather_object(everyone, local)
-    return merge_peaks(everyone)
 
 
 def merge_peaks(per_rank: list[list[DevicePeak]]) -> list[DevicePeak]:

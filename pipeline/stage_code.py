@@ -10,7 +10,7 @@ really imports).
                              directly or not, that stage_code/train does not have.
                              train@<strategy> depends on both directories, so an edit to
                              fsdp.py re-runs train@fsdp alone, one to sync_batchnorm.py
-                             train@ddp and train@fsdp, one to training/loop.py every train stage
+                             train@ddp and train@fsdp, one to training/trainer.py every train stage
     the plots' columns       one per name in pipeline.strategies.NAMES (dvc.yaml `plots`)
 
 A directory of links is one DVC dependency, so `dvc exp show` has a column per directory

@@ -28,7 +28,7 @@ from typing import Optional
 import yaml
 
 from pipeline.cli import exit_code, parse_args
-from pipeline.config import Config, load_config, to_yaml
+from pipeline.config import Config, config_from, launch_free, read_params, to_yaml
 from pipeline.errors import exit_on_user_error
 from pipeline.results import CHECKPOINTS, RUN_RECORD
 from pipeline.strategies import NAMES, check_strategy, own_params
@@ -60,22 +60,31 @@ def main(argv: Optional[list[str]] = None) -> None:
     if under_torchrun(os.environ):
         from pipeline.launch import worker
 
-        worker.main(args.strategy, args.overrides)
+        worker.entry(args.strategy, None, args.overrides)
         return
     check_strategy(args.strategy)
-    cfg = load_config("params.yaml", args.overrides)
+    raw = read_params("params.yaml")  # read once: the stage's config and its workers'
+    cfg = config_from(raw, args.overrides)
     if args.print_config:
         print(strategy_config(cfg, args.strategy), end="")
         return
     check_tracking_uri(tracking_uri())  # like the keys: a mistyped URI needs no torch to say so
+    # what the workers train with: all but the dist.* overrides, which only shape the launch
+    trained = launch_free(args.overrides)
+    worker_cfg = cfg if trained == args.overrides else config_from(raw, trained)
     # the stage's MLflow side, a process of its own (pipeline/tracking/relay.py), started
     # before torch is imported here
     record = CHECKPOINTS / args.strategy / RUN_RECORD
     bound_s = cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S
     with Publisher(record, bound_s, cfg.mlflow.experiment) as publisher:
         from pipeline.launch import launcher
+        from pipeline.tracking import stage_end
 
-        code = launcher.launch(args.strategy, cfg, args.overrides, publisher)
+        job = launcher.validate(args.strategy, cfg)
+        # one run of this stage at a time in the project (issue 50), from here to its end
+        with launcher.one_run_at_a_time(job.name, job.topology.multi_node):
+            end = launcher.launch(job, worker_cfg, publisher)
+            code = stage_end.tell(end, publisher)
     sys.exit(code)
 
 

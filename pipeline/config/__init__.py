@@ -3,6 +3,7 @@
 `params.yaml` holds the experiment's values; its sections mirror the DVC stages.
     schema.py    the dataclasses: every key's default, meaning (its docstring) and range
     load.py      `load_config(path, overrides)`: params.yaml + `key=value` overrides -> `Config`
+                 (`read_params` + `config_from`, for a command that needs two configs of one read)
     validate.py  unknown keys, ranges, choices, rules between keys -> `ConfigError`
     help.py      `describe`: each key's value, default and meaning, for --help and --params
 
@@ -12,7 +13,14 @@ value and what was expected.
 """
 
 from pipeline.config.help import describe, field_docs
-from pipeline.config.load import load_config, merge_and_validate, to_yaml
+from pipeline.config.load import (
+    config_from,
+    launch_free,
+    load_config,
+    merge_and_validate,
+    read_params,
+    to_yaml,
+)
 from pipeline.config.schema import (
     FASHION_MNIST_MD5,
     FASHION_MNIST_MIRRORS,
@@ -63,7 +71,10 @@ __all__ = [
     "effective_lr",
     "field_docs",
     "flatten",
+    "config_from",
+    "launch_free",
     "load_config",
+    "read_params",
     "merge_and_validate",
     "to_yaml",
     "validate",

@@ -20,40 +20,59 @@ from pipeline.config.validate import check_keys, validate
 
 def load_config(path: str | Path | None = "params.yaml", overrides: Sequence[str] = ()) -> Config:
     """params.yaml + `key=value` overrides -> a validated `Config`, or `ConfigError`.
-    `path` None: the schema's defaults alone (tests, benchmarks). A file that is missing,
-    empty or all comments is refused rather than read as "every default": that is the full
-    10-epoch experiment, which would overwrite the checkpoints and results of the one meant."""
-    raw: Any = {}
-    if path is not None:
-        path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(
-                f"{path}: not found; expected the experiment's params (run the command in the "
-                "repository root, where params.yaml is)"
-            ) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{path}: not readable ({_first_line(err)})") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
-        if raw is None:
-            raise ConfigError(
-                f"{path}: is empty; expected a mapping of the experiment's sections (seed, "
-                "train, ...; `git checkout params.yaml` restores the project's)"
-            )
-        if not isinstance(raw, dict):
-            raise ConfigError(
-                f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}"
-            )
-    source = "defaults" if path is None else str(path)
-    check_keys(raw, Config, source=source)
+    `path` None: the schema's defaults alone (tests, benchmarks)."""
+    return config_from(read_params(path), overrides, "defaults" if path is None else str(path))
+
+
+def read_params(path: str | Path | None = "params.yaml") -> dict[str, Any]:
+    """params.yaml as read, its keys checked; {} for `path` None (the schema's defaults). A
+    file that is missing, empty or all comments is refused rather than read as "every
+    default": that is the full 10-epoch experiment, which would overwrite the checkpoints
+    and results of the one meant."""
+    if path is None:
+        return {}
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: not found; expected the experiment's params (run the command in the "
+            "repository root, where params.yaml is)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not readable ({_first_line(err)})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
+    if raw is None:
+        raise ConfigError(
+            f"{path}: is empty; expected a mapping of the experiment's sections (seed, "
+            "train, ...; `git checkout params.yaml` restores the project's)"
+        )
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of sections at the top level, got {type(raw).__name__}"
+        )
+    check_keys(raw, Config, source=str(path))
+    return raw
+
+
+def config_from(
+    raw: dict[str, Any], overrides: Sequence[str] = (), source: str = "params.yaml"
+) -> Config:
+    """The params `raw` (read_params, from `source`) with `key=value` overrides, validated."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.epochs=2)")
     dot = _parse_dotlist(overrides)
     check_keys(dot, Config, source="override")
     return merge_and_validate(raw, dot, source=source)
+
+
+def launch_free(overrides: Sequence[str]) -> list[str]:
+    """The overrides a run trains with: all but dist.*. Those only shape the launch, and
+    node-specific ones (dist.node_rank) would give the ranks of different nodes different
+    configurations, hence different checkpoint fingerprints."""
+    return [o for o in overrides if not o.strip().startswith("dist.")]
 
 
 def merge_and_validate(raw: dict[str, Any], dot: dict[str, Any], source: str) -> Config:

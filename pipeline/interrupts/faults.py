@@ -6,11 +6,13 @@
     PARALLEL_LAB_FAULT="rank=0,epoch=2,step=2,action=hold"          # wait there for SIGTERM
     PARALLEL_LAB_FAULT="rank=0,epoch=2,action=hold,release=/tmp/go"  # ... or for that file
     PARALLEL_LAB_FAULT="rank=0,step=2,action=oom,strategy=dp"  # in dp's stage alone
+    PARALLEL_LAB_FAULT="rank=0,point=optimizer,action=trace"  # the stack at optimizer.step
 
 Points: `start` (after setup, before training), `step` (before optimizer step `step` of
 `epoch`, the default), `eval` (before evaluating `epoch`), `checkpoint` (after this rank's
 checkpoint file is written, before the checkpoint is committed), `end` (after training,
-before results are written).
+before results are written), `optimizer` (inside the optimizer's step of step `step` of
+`epoch`, through torch's global optimizer-step hook: where the training code hands over).
 
 Actions: `kill` (the default) kills the process with SIGKILL (no cleanup, like an OOM kill or
 a lost node); it prints `fault: rank R killed ...` first. `raise` raises a RuntimeError there,
@@ -19,6 +21,8 @@ too large for the device does. `hold` prints one line, `fault: rank R holding be
 step S of epoch E ...`, and waits there until a SIGTERM has arrived (at `step`) or the
 `release` file exists: a test waits for that line and then acts (sends SIGTERM, kills a node,
 stops a server) at a known point of the run, instead of guessing where a running job is.
+`trace` prints the project's frames on the stack there, outermost first, in one line (`fault:
+rank R stack at ...: pipeline/train.py:main > ...`), and goes on: tests count them.
 
 `strategy` limits the fault to that strategy's stage (a `dvc repro` runs several in one
 environment).
@@ -37,6 +41,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +50,8 @@ from typing import Optional
 from pipeline.errors import UserError
 
 ENV = "PARALLEL_LAB_FAULT"
-POINTS = ("start", "step", "eval", "checkpoint", "end")
-ACTIONS = ("kill", "hold", "raise", "oom")
+POINTS = ("start", "step", "eval", "checkpoint", "end", "optimizer")
+ACTIONS = ("kill", "hold", "raise", "oom", "trace")
 HOLD_POLL_S = 0.02
 
 
@@ -74,11 +79,12 @@ class Fault:
             return
         if not (
             point in ("start", "end")
-            or (epoch == self.epoch and (point != "step" or step == self.step))
+            or (epoch == self.epoch and (point not in ("step", "optimizer") or step == self.step))
         ):
             return
         where = {
             "step": f"before step {step} of epoch {epoch}",
+            "optimizer": f"at the optimizer step of step {step} of epoch {epoch}",
             "start": "at the start",
             "end": "at the end",
         }.get(point, f"at {point} of epoch {epoch}")
@@ -87,6 +93,9 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.action == "raise":
             raise RuntimeError(f"fault: rank {rank} raised {where}")
+        if self.action == "trace":
+            print(f"fault: rank {rank} stack {where}: {' > '.join(project_frames())}", flush=True)
+            return
         if self.action == "oom":
             import torch  # the stages that fire it have it loaded
 
@@ -116,10 +125,25 @@ class FaultHooks(Hooks):
     signalled: Callable[[], bool]
 
     def at(self, point: str, epoch: int = 1, step: int = 0) -> None:
+        if point == "step" and self.fault.point == "optimizer":
+            self.before_optimizer(epoch, step)
         # a hold before a step or at the end also ends with a SIGTERM (the stop it waits
         # for); elsewhere only its release file ends it
         signalled = self.signalled if point in ("step", "end") else lambda: False
         self.fault.fire_if(point, self.rank, epoch, step, signalled)
+
+    def before_optimizer(self, epoch: int, step: int) -> None:
+        """Before step `step` of `epoch`: the fault's `optimizer` point is inside this step's
+        optimizer step, reached through torch's global hook, once."""
+        if (epoch, step) != (self.fault.epoch, self.fault.step):
+            return
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def fire(optimizer: object, args: object, kwargs: object) -> None:
+            handle.remove()
+            self.fault.fire_if("optimizer", self.rank, epoch, step)
+
+        handle = register_optimizer_step_pre_hook(fire)
 
 
 def hooks_from_env(
@@ -184,3 +208,16 @@ def fault_from_env(env: Mapping[str, str] | None = None) -> Fault | None:
     faults = parse_faults(source.get(ENV))
     attempt = int(source.get("TORCHELASTIC_RESTART_COUNT", "0"))
     return faults[attempt] if attempt < len(faults) else None
+
+
+def project_frames() -> list[str]:
+    """The stack's frames in the project's own files, outermost first, as "path:function"
+    relative to the repository (this module's own left out)."""
+    here = Path(__file__).resolve()
+    root = here.parents[2]
+    frames = []
+    for frame in traceback.extract_stack():
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(root / "pipeline") and path != here:
+            frames.append(f"{path.relative_to(root)}:{frame.name}")
+    return frames

@@ -24,17 +24,17 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from pipeline import strategies
-from pipeline.checkpoints.checkpoint import Checkpointer
+from pipeline.batch_plan import BatchPlan
 from pipeline.checkpoints.identity import code_digests
-from pipeline.config import Config, load_config
+from pipeline.config import Config
 from pipeline.data.fashion_mnist import train_samples
-from pipeline.did_not_fit import read_did_not_fit
 from pipeline.errors import (
     DISK_FULL_EXIT,
     ERROR_FILE_ENV,
@@ -54,21 +54,20 @@ from pipeline.launch.devices import choose_devices, cuda_driver_initialised, wor
 from pipeline.launch.machine_warmup import MARKERS as WARMUP_MARKERS
 from pipeline.launch.machine_warmup import warm_once
 from pipeline.launch.topology import (
+    Topology,
     check_job,
     check_rendezvous_port,
     launch_settings,
-    lost_node_hint,
     resolve_topology,
-    worker_overrides,
 )
 from pipeline.locks import holding
 from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_record
 from pipeline.run_spec import resolve_run
 from pipeline.timeline import mark
-from pipeline.tracking.kept_runs import publish_strategy
-from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
+from pipeline.tracking.mlflow_run import read_record
 from pipeline.tracking.relay import EVENTS_ENV, STORE_READY_WAIT_S, Publisher
-from pipeline.tracking.store import check_tracking_uri, tracking_uri
+from pipeline.tracking.stage_end import StageEnd
+from pipeline.tracking.store import tracking_uri
 
 # how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
 # (the default) or spawn (where the CUDA driver was initialised in the launcher)
@@ -106,87 +105,83 @@ def check_kept_files(name: str) -> None:
     read_record(CHECKPOINTS / name / RUN_RECORD)
 
 
-def launch(name: str, cfg: Config, overrides: list[str], publisher: Publisher) -> int:
-    """Validate the rest (`cfg`: params.yaml with `overrides`, already checked), then run the
-    strategy's workers under torchrun, their run's MLflow events going to `publisher`; the
-    stage's exit code (`stage_exit`), with one line for a user error found by a worker."""
+class Job(NamedTuple):
+    """A validated launch of one strategy's stage."""
+
+    name: str
+    nproc: int  # processes on this node
+    gpus: list[str]  # the GPUs they use, [] for the CPU
+    topology: Topology
+    plan: BatchPlan  # the batch as one process trains it
+    limit_train: int | None  # data.limit_train: the training samples the run draws from
+    max_restarts: int  # checkpoint.max_restarts
+
+
+def validate(name: str, cfg: Config) -> Job:
+    """The launch `cfg` asks for (params.yaml with the overrides, its keys already checked),
+    or a UserError: the strategies, the faults a test injects, the devices, the processes the
+    strategy needs there and the nodes."""
     strategies.check_names(cfg.strategies)
-    check_tracking_uri(tracking_uri())
     parse_faults(os.environ.get(FAULT_ENV))
     gpus = choose_devices(cfg.devices, os.environ)
     spec = resolve_run(cfg, name)  # as each worker resolves its own (run_spec.py)
-    plan = spec.plan  # the batch as one process trains it
-    nproc = spec.strategy.nproc(spec.options, plan, len(gpus))
+    nproc = spec.strategy.nproc(spec.options, spec.plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
-    check_job(spec.facts, topology, nproc, plan)
+    check_job(spec.facts, topology, nproc, spec.plan)
     check_rendezvous_port(topology)
-    # one run of this stage at a time in the project (issue 50), from here to its exit
-    with one_run_at_a_time(name, topology.multi_node):
-        for directory in (RESULTS / name, CHECKPOINTS / name):
-            check_writable(directory)
-        check_kept_files(name)
-        # the data is there, and holds a batch
-        plan.drawing_from(train_samples(spec.data.limit_train))
-        # what the workers train with: all but the dist.* overrides, which only shape the launch
-        worker_cfg = load_config("params.yaml", worker_overrides(overrides))
-        settings = launch_settings(nproc, cfg.checkpoint.max_restarts, topology)
-        where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
-        if topology.multi_node:
-            where += (
-                f", this node of {topology.nnodes} (c10d rendezvous {topology.rdzv_id} at "
-                f"{topology.endpoint})"
+    max_restarts = cfg.checkpoint.max_restarts
+    return Job(name, nproc, gpus, topology, spec.plan, spec.data.limit_train, max_restarts)
+
+
+def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
+    """Run the strategy's workers under torchrun's elastic agent, training with `worker_cfg`
+    (the stage's config without the dist.* overrides: launch_free), their run's MLflow events
+    going to `publisher`; how they ended. The caller holds the stage's lock
+    (`one_run_at_a_time`)."""
+    from torch.distributed.launcher.api import elastic_launch
+
+    name, gpus = job.name, job.gpus
+    for directory in (RESULTS / name, CHECKPOINTS / name):
+        check_writable(directory)
+    check_kept_files(name)
+    job.plan.drawing_from(train_samples(job.limit_train))  # the data is there, and holds a batch
+    where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+    if job.topology.multi_node:
+        where += (
+            f", this node of {job.topology.nnodes} (c10d rendezvous {job.topology.rdzv_id} at "
+            f"{job.topology.endpoint})"
+        )
+    print(f"launch[{name}]: {job.nproc} process(es) on {where}", flush=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
+        workers_environment(gpus, job.nproc, Path(tmp), publisher.events) as files,
+    ):
+        forks = workers_can_fork(gpus, cuda_driver_initialised())
+        start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
+        if start == "fork":
+            prepare_forks()
+            warm_up()
+        mark("agent")  # validated, torch and the project imported
+        before_the_workers(name, gpus, publisher)
+        settings = launch_settings(job.nproc, job.max_restarts, job.topology)
+        with torchrun_agent() as agent:
+            elastic_launch(launch_config(settings, start, len(gpus)), worker.entry)(
+                name, worker_cfg
             )
-        print(f"launch[{name}]: {nproc} process(es) on {where}", flush=True)
-        with (
-            tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
-            workers_environment(gpus, nproc, Path(tmp), publisher.events) as files,
-        ):
-            forks = workers_can_fork(gpus, cuda_driver_initialised())
-            start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
-            if start == "fork":
-                prepare_forks()
-                warm_up()
-            mark("agent")  # validated, torch and the project imported
-            before_the_workers(name, gpus, publisher)
-            code, signalled, failure = run_agent(
-                launch_config(settings, start, len(gpus)), (name, worker_cfg)
-            )
-            mark("workers ended")
-            problem = publisher.finish()
-            user_error = files.error.read_text().strip() if files.error.exists() else ""
-            # a full disk: the stage's own line says it, and its rerun pushes the run
-            if problem is not None and not (problem == NO_SPACE and user_error):
-                print(
-                    f"warning: MLflow run of {name} not pushed: {problem}; kept locally: run "
-                    "`python -m pipeline.publish`",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            mark("published")
-            outcome = read_outcome(files.outcome)
-        exit_code = stage_exit(code, signalled, outcome, user_error)
-        if exit_code not in (0, STOPPED_EXIT):
-            # a stop someone asked for that came before a checkpoint, or a failure (the agent also
-            # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
-            status = KILLED if signalled else FAILED
-            settle_run(name, status, user_error=bool(user_error))
-        if outcome is Outcome.DID_NOT_FIT:
-            settle_run(name, FAILED, user_error=True)  # quietly: the line below is the answer
-            record = read_did_not_fit(name)
-            print(f"train[{name}]: {record.line() if record else 'did not fit'}", flush=True)
-        elif user_error:
-            print(f"error: {user_error}", file=sys.stderr, flush=True)
-        elif failure:
-            print(f"launch[{name}]: {failure}", file=sys.stderr, flush=True)
-        if not user_error and exit_code == FAILURE_EXIT and (signalled or topology.multi_node):
-            found = Checkpointer(CHECKPOINTS / name, 0, 1, False, "").latest(any_config=True)
-            at = (found[0].epoch, found[0].step) if found else None
-            if topology.multi_node:
-                hint = lost_node_hint(name, code, topology, at)
-                print(f"error: {hint}", file=sys.stderr, flush=True)
-            else:
-                print(f"error: {unsaved_stop_hint(name, at)}", file=sys.stderr, flush=True)
-        return exit_code
+        mark("workers ended")
+        user_error = files.error.read_text().strip() if files.error.exists() else ""
+        outcome = read_outcome(files.outcome)
+    topology = job.topology
+    return StageEnd(
+        name,
+        stage_exit(agent.code, agent.signalled, outcome, user_error),
+        agent.code,
+        agent.signalled,
+        agent.failure,
+        user_error,
+        outcome,
+        (topology.nnodes, topology.join_timeout_s) if topology.multi_node else None,
+    )
 
 
 def before_the_workers(name: str, gpus: list[str], publisher: Publisher) -> None:
@@ -302,35 +297,6 @@ def stage_exit(
     return FAILURE_EXIT
 
 
-def unsaved_stop_hint(name: str, at: tuple[int, int] | None) -> str:
-    where = f"epoch {at[0] + 1} step {at[1]}" if at else "the start"
-    return (
-        f"train[{name}]: stopped by a signal before it could checkpoint; the next run of "
-        f"this stage resumes from {where}"
-    )
-
-
-def settle_run(name: str, status: str, user_error: bool = False) -> None:
-    """Record how the stage's MLflow run ended when its workers could not say it themselves
-    (SIGKILL, out of memory, a lost node), and push it. Best effort: MLflow may be away too,
-    and `python -m pipeline.publish` delivers it later. After a worker's `user_error` only a
-    run still RUNNING is marked (workers that had opened theirs marked it FAILED; a record of
-    an earlier run, which the refused stage never reopened, stays as that run ended), and
-    nothing is said: the error's one line is the stage's answer."""
-    try:
-        if user_error and read_record(CHECKPOINTS / name / RUN_RECORD).get("status") != RUNNING:
-            return
-        publish_strategy(name, ended=status)
-    except Exception as err:  # noqa: BLE001 - the stage's own exit code is what matters
-        if user_error:
-            return
-        print(
-            f"warning: MLflow run of {name} not marked {status} ({first_line(err)})",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 def launch_config(settings: dict[str, Any], start_method: str, gpus: int) -> Any:
     """torchrun's LaunchConfig for `settings`, its NUMA binding decided as its own default
     would decide it (the torch build's default options where the node's workers use all
@@ -352,17 +318,26 @@ def launch_config(settings: dict[str, Any], start_method: str, gpus: int) -> Any
     return config
 
 
-def run_agent(config: Any, args: tuple[Any, ...]) -> tuple[int, bool, str]:
-    """Run torchrun's elastic agent in this process: it rendezvouses, starts the workers
-    (`worker.entry(*args)`), restarts them after a failure (`checkpoint.max_restarts`) and,
-    on SIGTERM/SIGINT, passes the signal on and waits for them (30 s, then SIGKILL). Forked,
-    the workers inherit this process's imports (torch, the project) instead of loading them
-    again. Returns the agent's exit code as torchrun's would be, whether a signal stopped
-    it, and what failed, in words."""
+@dataclass
+class AgentEnd:
+    """How torchrun's elastic agent ended: its exit code as torchrun's would be, whether a
+    stop signal stopped it, and what failed, in words."""
+
+    code: int = 0
+    signalled: bool = False
+    failure: str = ""
+
+
+@contextmanager
+def torchrun_agent() -> Iterator[AgentEnd]:
+    """The block runs torchrun's elastic agent in this process (`elastic_launch`): it
+    rendezvouses, starts the workers, restarts them after a failure
+    (`checkpoint.max_restarts`) and, on SIGTERM/SIGINT, passes the signal on and waits for
+    them (30 s, then SIGKILL). Forked, the workers inherit this process's imports (torch, the
+    project) instead of loading them again. What the agent raised becomes the AgentEnd."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.launcher.api import elastic_launch
 
     # The agent's log is torchrun's console chatter; a worker prints its own traceback and
     # the launcher the one line that matters.
@@ -372,23 +347,24 @@ def run_agent(config: Any, args: tuple[Any, ...]) -> tuple[int, bool, str]:
     # the agent's handlers (raise SignalException) outlive it: a process that goes on after
     # the launch (the quickstart's) gets its own back
     handlers = {signum: signal.getsignal(signum) for signum in worker.AGENT_SIGNALS}
+    end = AgentEnd()
     try:
-        elastic_launch(config, worker.entry)(*args)
+        yield end
     except SignalException:
-        return FAILURE_EXIT, True, ""
+        end.code, end.signalled = FAILURE_EXIT, True
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         error, trace = worker_error(failure.message)
         if trace:  # the worker's own traceback, which its forked process had no way to print
             print(trace.rstrip(), file=sys.stderr, flush=True)
         words = f"worker rank {rank} {exit_words(failure.exitcode)}"
-        return failure.exitcode or FAILURE_EXIT, False, words + (f" ({error})" if error else "")
+        end.code = failure.exitcode or FAILURE_EXIT
+        end.failure = words + (f" ({error})" if error else "")
     except RendezvousError as err:
-        return FAILURE_EXIT, False, f"rendezvous failed ({first_line(err)})"
+        end.code, end.failure = FAILURE_EXIT, f"rendezvous failed ({first_line(err)})"
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    return 0, False, ""
 
 
 def worker_error(message: Any) -> tuple[str, str]:

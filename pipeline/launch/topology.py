@@ -210,28 +210,3 @@ def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[s
         "run_id": topology.rdzv_id,
         "rdzv_configs": configs,
     }
-
-
-def worker_overrides(overrides: list[str]) -> list[str]:
-    """The command-line overrides the workers get: all but dist.*. Those only shape the
-    launch, and node-specific ones (dist.node_rank) would give the ranks of different nodes
-    different configurations, hence different checkpoint fingerprints."""
-    return [o for o in overrides if not o.strip().startswith("dist.")]
-
-
-def lost_node_hint(
-    strategy: str, code: int, topology: Topology, checkpoint: Optional[tuple[int, int]]
-) -> str:
-    """The line a failed multi-node launch ends with: what happened and what to do next.
-    `checkpoint` is the committed (epoch, step) position, 0-based epoch."""
-    where = (
-        f"epoch {checkpoint[0] + 1} step {checkpoint[1]}"
-        if checkpoint is not None
-        else "the start (no checkpoint yet)"
-    )
-    return (
-        f"train[{strategy}]: the {topology.nnodes}-node job stopped on this node (torchrun "
-        f"exit {code}); if a node was lost, the others waited dist.join_timeout_s="
-        f"{topology.join_timeout_s}s for a full set to rejoin (or checkpoint.max_restarts "
-        f"ran out). Run the same command on every node again to resume from {where}"
-    )

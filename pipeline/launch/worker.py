@@ -14,7 +14,8 @@ import gc
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn, cast
@@ -40,11 +41,11 @@ from pipeline.errors import (
 from pipeline.files import atomic_write
 from pipeline.interrupts.stop import StopRequest
 from pipeline.recording.live import terminal_columns
-from pipeline.results import CHECKPOINTS, RESULTS
+from pipeline.results import CHECKPOINTS, RESULTS, RunSummary
 from pipeline.run_spec import resolve_run
 from pipeline.timeline import mark
 from pipeline.tracking.relay import EVENTS_ENV
-from pipeline.training.session import run
+from pipeline.training.session import start
 
 TASKS = Path("/proc/self/task")
 # Name prefixes of the threads a gloo process group runs (its work loop and its transport's
@@ -55,24 +56,97 @@ GIL_SWITCH_S = 0.0005
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def entry(strategy: str, cfg: Config) -> None:
-    """A worker the launcher's elastic agent started (pipeline/launch/launcher.py), forked
-    from it: `cfg` is what the launcher validated. Its process ends when this returns (a
-    non-zero code as SystemExit), without the interpreter's shutdown (multiprocessing's
-    children leave through os._exit)."""
-    # the agent's handlers (raise SignalException) came with the fork; until the session
-    # installs its own, a stop signal ends a worker that has nothing to save yet
-    for signum in AGENT_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+def entry(strategy: str, cfg: Config | None = None, overrides: list[str] | None = None) -> None:
+    """A worker's whole life: its process group, the run built and trained, an orderly end.
+    Started by the launcher's elastic agent (pipeline/launch/launcher.py), forked from it,
+    `cfg` is what the launcher validated, and the process ends when this returns (a non-zero
+    code as SystemExit) without the interpreter's shutdown (multiprocessing's children leave
+    through os._exit). Started by `torchrun -m pipeline.train STRATEGY` by hand (`cfg`
+    None), it reads params.yaml with `overrides` and its interpreter shuts down at the end
+    (`exit_cleanly`)."""
+    by_hand = cfg is None
+    if not by_hand:
+        # the agent's handlers (raise SignalException) came with the fork; until the run
+        # installs its own, a stop signal ends a worker that has nothing to save yet
+        for signum in AGENT_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+    if not by_hand and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         # torch read the variable when the launcher imported it, before the launcher set the
         # workers' share; a forked worker takes its share explicitly
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    code, stop = run_worker(strategy, lambda: cfg)
+    # The loop hands the GIL back at every torch call, and waits up to the switch interval
+    # to get it again while a background thread runs Python (MLflow's, where the writer
+    # publishes itself: a worker torchrun started by hand): at the default 5 ms that doubled
+    # the first step on 2 CPU cores. 0.5 ms bounds the wait, for a little more switching.
+    sys.setswitchinterval(GIL_SWITCH_S)
+    answer = Answer()
+    with answer.of_run(strategy):
+        # the Config is resolved here, once, into the run's spec: nothing below sees the rest
+        spec = resolve_run(cfg or load_config("params.yaml", overrides or []), strategy)
+        ctx = DistContext.from_env()
+        mark("worker", ctx.rank)
+        events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
+        terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
+        with process_group(ctx) as answer.stop:
+            trainer, session = start(
+                spec, ctx, answer.stop, terminal, Path(events) if events else None
+            )
+            try:
+                answer.ended(trainer.fit(session), trainer.training.run.writer)
+            finally:
+                # the run's modules hold its process groups: let go of them before the
+                # groups are destroyed, so that destroying them frees them and joins their
+                # threads (`left_threads_warning`)
+                del trainer, session
+    if by_hand:
+        exit_cleanly(answer.code)
     left_threads_warning()
-    if code:
-        raise SystemExit(code)
-    hand_back_stop_signals(stop)
+    if answer.code:
+        raise SystemExit(answer.code)
+    hand_back_stop_signals(answer.stop)
+
+
+class Answer:
+    """How the run ended in this worker, as the launcher hears it: the exit code, a user's
+    error as one line (`leave_line`), and the writer's outcome in a file."""
+
+    def __init__(self) -> None:
+        self.code = 0
+        self.stop: StopRequest | None = None  # the run's, once its process group is up
+
+    def ended(self, summary: RunSummary | None, writer: bool) -> None:
+        """The run returned: finished, or stopped at a checkpoint (`summary` None)."""
+        outcome = Outcome.STOPPED if summary is None else Outcome.FINISHED
+        if writer:
+            tell_outcome(outcome)
+        self.code = SIGTERM_EXIT if outcome is Outcome.STOPPED else 0
+
+    @contextmanager
+    def of_run(self, strategy: str) -> Iterator[None]:
+        """What the run raises and the launcher should hear as one line or an outcome."""
+        try:
+            yield
+        except BAD_INPUT as err:
+            leave_line(str(err))
+            self.code = USER_ERROR_EXIT
+        except RunDidNotFit:
+            # its record is in results/; the launcher says it. Non-zero: the agent stops the
+            # other ranks, which may wait on this one in a collective
+            tell_outcome(Outcome.DID_NOT_FIT)
+            self.code = FAILURE_EXIT
+        except BaseException as err:  # torch's CheckpointException is not an Exception
+            # a full disk under the run's checkpoints or results (a save's, on every rank)
+            full = out_of_space(err, CHECKPOINTS / strategy, RESULTS / strategy)
+            if full is None:
+                raise
+            line = no_space_line(full, "run the stage again: it resumes from its last checkpoint")
+            leave_line(line)
+            self.code = DISK_FULL_EXIT
+
+
+def tell_outcome(outcome: Outcome) -> None:
+    if os.environ.get(OUTCOME_FILE_ENV):
+        atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), outcome.value)
 
 
 def hand_back_stop_signals(stop: StopRequest | None) -> None:
@@ -88,36 +162,6 @@ def hand_back_stop_signals(stop: StopRequest | None) -> None:
         signal.raise_signal(stop.signum)
 
 
-def main(strategy: str, overrides: list[str]) -> NoReturn:
-    """A worker started by `torchrun -m pipeline.train STRATEGY` by hand: the same run, in a
-    process of its own whose interpreter shuts down at the end (`exit_cleanly`)."""
-    code, _ = run_worker(strategy, lambda: load_config("params.yaml", overrides))
-    exit_cleanly(code)
-
-
-def run_worker(strategy: str, config: Callable[[], Config]) -> tuple[int, StopRequest | None]:
-    """Train; the exit code and the run's stop request (None where the run never started).
-    A user error is left for the launcher as one line."""
-    try:
-        return train(strategy, config())
-    except BAD_INPUT as err:
-        leave_line(str(err))
-        return USER_ERROR_EXIT, None
-    except RunDidNotFit:
-        # its record is in results/; the launcher says it. Non-zero: the agent stops the
-        # other ranks, which may wait on this one in a collective
-        if os.environ.get(OUTCOME_FILE_ENV):
-            atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), Outcome.DID_NOT_FIT.value)
-        return FAILURE_EXIT, None
-    except BaseException as err:  # torch's CheckpointException is not an Exception
-        # a full disk under the run's checkpoints or results (a save's, on every rank)
-        full = out_of_space(err, CHECKPOINTS / strategy, RESULTS / strategy)
-        if full is None:
-            raise
-        leave_line(no_space_line(full, "run the stage again: it resumes from its last checkpoint"))
-        return DISK_FULL_EXIT, None
-
-
 def leave_line(line: str) -> None:
     """The one line of a user's error, for the launcher to say: the agent turns any worker
     exit into its own failure."""
@@ -127,19 +171,10 @@ def leave_line(line: str) -> None:
         print(f"error: {line}", file=sys.stderr, flush=True)
 
 
-def train(strategy: str, cfg: Config) -> tuple[int, StopRequest]:
-    """Train, and tell the launcher how it ended (the writer's outcome); the exit code and
-    the run's stop request, whose handlers stay until the caller hands them back. The
-    Config is resolved here, once, into the run's spec: nothing below sees the rest of it."""
-    # The loop hands the GIL back at every torch call, and waits up to the switch interval
-    # to get it again while a background thread runs Python (MLflow's, where the writer
-    # publishes itself: a worker torchrun started by hand): at the default 5 ms that doubled
-    # the first step on 2 CPU cores. 0.5 ms bounds the wait, for a little more switching.
-    sys.setswitchinterval(GIL_SWITCH_S)
-    spec = resolve_run(cfg, strategy)
-    ctx = DistContext.from_env()
-    mark("worker", ctx.rank)
-    terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
+@contextmanager
+def process_group(ctx: DistContext) -> Iterator[StopRequest]:
+    """The job's process group while the block runs, destroyed after it; yields the stop
+    request every rank votes on (stop.py)."""
     dist.init_process_group(
         ctx.backend,
         store=attempt_store(os.environ),
@@ -152,16 +187,10 @@ def train(strategy: str, cfg: Config) -> tuple[int, StopRequest]:
     control = None
     if ctx.on_cuda and ctx.world_size > 1:
         control = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
-    stop = StopRequest(control, ctx.world_size)
     try:
-        events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
-        end = run(spec, ctx, stop, terminal, Path(events) if events else None)
+        yield StopRequest(control, ctx.world_size)
     finally:
         dist.destroy_process_group()
-    outcome = Outcome.STOPPED if end.summary is None else Outcome.FINISHED
-    if end.writer and os.environ.get(OUTCOME_FILE_ENV):
-        atomic_write(Path(os.environ[OUTCOME_FILE_ENV]), outcome.value)
-    return SIGTERM_EXIT if outcome is Outcome.STOPPED else 0, stop
 
 
 def left_threads_warning(tasks: Path = TASKS) -> bool:

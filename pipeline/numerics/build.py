@@ -38,7 +38,6 @@ from pipeline.strategies.base import (
     PipelinedRun,
     Run,
     StrategyFacts,
-    step_loss,
 )
 
 
@@ -62,8 +61,8 @@ class Training:
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
-    # a DataParallelRun's loss for one forward's backward: train.label_smoothing, scaled
-    # for the step's grad_accum forwards (base.step_loss)
+    # a DataParallelRun's loss, the mean over one forward's samples (train.label_smoothing);
+    # the step divides it by its forwards (trainer.py)
     loss_fn: Loss
     schedule: LrSchedule  # the learning rate of each global step, from the plan
 
@@ -137,7 +136,7 @@ def build_training(
         prec=prec,
         loader=loader,
         optimizer=optimizer,
-        loss_fn=step_loss(loss_function(train, schedule_owns_loss=pipelined), plan),
+        loss_fn=loss_function(train, schedule_owns_loss=pipelined),
         schedule=LrSchedule.of(train, plan.steps),
         graphed=GraphedStep(optimizer, device) if graphed else None,
     )

@@ -48,7 +48,7 @@ COMPILE_WITHOUT_GRAPHS = {
 }
 
 # (images, labels, totals): one optimizer step on a batch, adding [loss_sum, correct, count]
-# of it into `totals` (pipeline/training/loop.py `whole_step`)
+# of it into `totals` (pipeline/training/trainer.py `Trainer.whole_step`)
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 

@@ -163,7 +163,7 @@ def _memory_legend(rows: list[Row]) -> str:
     )
 
 
-# how evaluation batches are split per device (pipeline/training/loop.py `evaluate`,
+# how evaluation batches are split per device (pipeline/training/trainer.py `Trainer.evaluate`,
 # pipeline/data/device_data.py `eval_shard`)
 EVAL_SPLIT = (
     "Evaluation: ddp and fsdp ranks each evaluate their strided share of the test set, single, "

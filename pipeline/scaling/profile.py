@@ -3,7 +3,7 @@
 ddp and fsdp run as rank 0 of N under torch's fake process group (`fake_world`): the
 strategy parallelises the model for N ranks (FSDP shards its parameters N ways, each rank's
 share of the batch is B/N), every collective returns at once, and the loop's own step
-(`training.loop.eager_step`) is timed. What the rank would send is read off the real calls as
+(`training.trainer.Trainer.step`) is timed. What the rank would send is read off the real calls as
 they pass (`SentLog`): FSDP's all-gathers and reduce-scatters through the dispatcher, DDP's
 gradient buckets through a communication hook that stands in for its all-reduce.
 
@@ -39,13 +39,14 @@ from torch.utils._pytree import tree_leaves
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.synthetic import synthetic_split
+from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training, build_training
 from pipeline.numerics.optim import make_optimizer
 from pipeline.numerics.precision import build_precision
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Call, Traffic
-from pipeline.training.loop import eager_step
+from pipeline.training.trainer import Trainer
 
 # Not timed: allocator growth, cuDNN's and oneDNN's choices, the first bucket rebuild, and a
 # process's first seconds of torch (3 steps were not enough: a first profile on 2 CPU cores
@@ -236,10 +237,11 @@ def one_rank(
     training.run.module.train()
     batches = (b for epoch in itertools.count() for b in training.loader.epoch(epoch))
     totals = torch.zeros(3, device=device)
+    trainer = Trainer(training, ctx, StopRequest())
 
     def step() -> None:
         _, micro_batches = next(batches)
-        eager_step(training, micro_batches, totals)
+        trainer.step(micro_batches, totals)
 
     held = sum(t.numel() * t.element_size() for t in vars(data).values())
     try:

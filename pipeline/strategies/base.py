@@ -22,7 +22,7 @@ with `SPEC = StrategySpec(FACTS, nproc, parallelize)`, where
 
 `StrategySpec` is generic in the options type, so where a module builds its SPEC mypy checks
 that both builders take the section its FACTS name (tests/unit/test_strategy_types.py).
-The loop (pipeline/training/loop.py) branches on the type of the result, never on names.
+The Trainer (pipeline/training/trainer.py) branches on the type of the result, never on names.
 """
 
 from __future__ import annotations
@@ -162,19 +162,6 @@ class StrategySpec(Generic[OptionsT]):
 
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss
-
-
-def step_loss(loss: Loss, plan: BatchPlan, chunks: int = 1) -> Loss:
-    """The loss one forward's backward takes: `loss` (a mean over that forward's samples)
-    divided by the forwards of one optimizer step, train.grad_accum of them, each cut into
-    a pipeline schedule's `chunks`; the accumulated gradient is then the mean over the step's
-    batch. The one place that scaling is written (the shared loop's, a schedule's)."""
-    share = plan.grad_accum * chunks
-
-    def scaled(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return loss(logits, labels) / share
-
-    return scaled
 
 
 def writer_buffers(model: nn.Module, writer_rank: int = 0) -> Callable[[], None]:

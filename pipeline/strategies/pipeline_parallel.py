@@ -62,7 +62,6 @@ from pipeline.strategies.base import (
     StateDict,
     StrategyFacts,
     StrategySpec,
-    step_loss,
 )
 
 FACTS = StrategyFacts(
@@ -156,7 +155,7 @@ def parallelize(
     step_batch = plan.micro
     flops = block_flops(model)
     bounds = split_points(flops, stages)
-    loss_fn = step_loss(F.cross_entropy, plan, chunks)  # the schedule's backward takes it
+    loss_fn = schedule_loss(plan.grad_accum * chunks)  # the schedule's backward takes it
 
     notes = [
         f"pipeline_parallel: blocks split at {bounds[1:-1]} by forward FLOPs per image {flops}"
@@ -247,6 +246,18 @@ def looped(
         notes=(note,),
         eval_batch_size=step_batch,
     )
+
+
+def schedule_loss(forwards: int) -> Loss:
+    """The loss each micro-batch's backward takes in the schedule: cross-entropy (a mean over
+    that micro-batch) divided by the forwards of one optimizer step (train.grad_accum of
+    them, each cut into the schedule's chunks), so that the accumulated gradient is the mean
+    over the step's batch, as the shared step's (training/trainer.py) is."""
+
+    def scaled(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, labels) / forwards
+
+    return scaled
 
 
 SPEC = StrategySpec(FACTS, nproc, parallelize)

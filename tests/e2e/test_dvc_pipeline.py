@@ -80,7 +80,7 @@ def test_second_repro_does_nothing(repro):
         ("pipeline/reporting/plots.py", {"compare"}),
         # the loop: what every strategy trains with, and what its prediction times
         (
-            "pipeline/training/loop.py",
+            "pipeline/training/trainer.py",
             {"train@single", "train@ddp", "predict@single", "predict@ddp"},
         ),
         # launch code is no concern of the download, nor of the predictions
@@ -157,7 +157,7 @@ def every_stage_recorded(tmp_path_factory, http_mirror):
         ),
         # the code every strategy runs: all of them
         ("pipeline/strategies/base.py", EVERY_TRAIN_STAGE | EVERY_PREDICT_STAGE),
-        ("pipeline/training/loop.py", EVERY_TRAIN_STAGE | EVERY_PREDICT_STAGE),
+        ("pipeline/training/trainer.py", EVERY_TRAIN_STAGE | EVERY_PREDICT_STAGE),
     ],
 )
 def test_a_strategy_edit_makes_stale_the_train_stages_that_run_it(

@@ -37,3 +37,25 @@ def test_e2e_modules_stay_on_one_xdist_worker(request):
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("not under xdist's --dist loadgroup")
     assert request.node.nodeid.endswith("@test_smoke_single"), request.node.nodeid
+
+
+# From the stage's command to the optimizer's step (issue 47): the command, the launcher, the
+# worker, and the Trainer's epochs, epoch and step. The frames above `main` are the process's
+# entry (`__main__`, exit codes) and torch's agent between the launcher and the forked worker.
+STEP_FRAMES = [
+    "pipeline/train.py:main",
+    "pipeline/launch/launcher.py:launch",
+    "pipeline/launch/worker.py:entry",
+    "pipeline/training/trainer.py:fit",
+    "pipeline/training/trainer.py:train_epoch",
+    "pipeline/training/trainer.py:step",
+]
+
+
+def test_the_optimizer_step_is_six_project_frames_below_the_command(fetched_project):
+    project = fetched_project()
+    fault = "rank=0,point=optimizer,epoch=1,step=1,action=trace"
+    proc = run(project, "python", "-m", "pipeline.train", "single", PARALLEL_LAB_FAULT=fault)
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("fault: rank 0 stack")]
+    frames = line.partition(": ")[2].partition(": ")[2].split(" > ")
+    assert frames[frames.index(STEP_FRAMES[0]) :] == STEP_FRAMES, line

@@ -27,7 +27,7 @@ from pipeline.strategies import pipeline_parallel
 from pipeline.strategies.balanced_dp import BalancedDataParallel
 from pipeline.strategies.base import PipelinedRun
 from pipeline.strategies.replica_autocast import AutocastDataParallel
-from pipeline.training.loop import Trainer, train_epoch
+from pipeline.training.trainer import Trainer
 from support import parallelize, run_if, strategy_nproc
 
 pytestmark = run_if(min_gpus=1)
@@ -79,7 +79,7 @@ def test_single_trains_an_epoch_on_the_gpu_in_bf16_autocast(raw_dataset, monkeyp
     assert training.prec.name == "bf16" and training.prec.autocast_dtype == torch.bfloat16
     before = [p.detach().clone() for p in training.run.module.parameters()]
     totals = torch.zeros(3, device=GPU.device, dtype=torch.float64)
-    assert train_epoch(Trainer(training, GPU, StopRequest()), 0, 0, totals) is None
+    assert Trainer(training, GPU, StopRequest()).train_epoch(0, 0, totals) is None
     loss_sum, _, count = totals.tolist()
     assert count == 64 and math.isfinite(loss_sum)
     after = list(training.run.module.parameters())

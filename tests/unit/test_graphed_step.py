@@ -22,7 +22,7 @@ from pipeline.numerics.build import build_training, speed_features
 from pipeline.numerics.graphed_step import GraphedStep, step_graph
 from pipeline.run_spec import resolve_run
 from pipeline.strategies import fsdp, single
-from pipeline.training.loop import Trainer, train_epoch
+from pipeline.training.trainer import Trainer
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
 CUDA = torch.device("cuda", 0)
@@ -88,7 +88,7 @@ def train(data, graphed_log: list | None):
     totals = torch.zeros(3, dtype=torch.float64)
     per_epoch = []
     for epoch in range(cfg.train.epochs):
-        assert train_epoch(Trainer(training, CPU, NoStop()), epoch, 0, totals) is None
+        assert Trainer(training, CPU, NoStop()).train_epoch(epoch, 0, totals) is None
         per_epoch.append(totals.clone())
         totals.zero_()  # in place, as the session does: the graph adds into this tensor
     return training, per_epoch

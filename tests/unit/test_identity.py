@@ -58,7 +58,7 @@ def identity(**changes) -> RunIdentity:
         params={"train.lr": 0.1, "model.width": 8},
         strategy="ddp",
         world_size=2,
-        code={"pipeline/numerics/optim.py": "a", "pipeline/training/loop.py": "b"},
+        code={"pipeline/numerics/optim.py": "a", "pipeline/training/trainer.py": "b"},
         data="d",
         hardware=HW,
     )
@@ -81,7 +81,7 @@ def test_the_tree_digest_sees_code_not_comments_docstrings_or_layout():
         ({"world_size": 4}, "written by 2 process(es), this run has 4"),
         ({"params": {"train.lr": 0.2, "model.width": 8}}, "params differ (train.lr: 0.1 -> 0.2)"),
         (
-            {"code": {"pipeline/numerics/optim.py": "z", "pipeline/training/loop.py": "b"}},
+            {"code": {"pipeline/numerics/optim.py": "z", "pipeline/training/trainer.py": "b"}},
             "code differs (pipeline/numerics/optim.py)",
         ),
         ({"data": "e"}, "training data differs"),
@@ -107,7 +107,7 @@ def test_the_identity_covers_the_code_this_process_imported(tmp_path):
     import pipeline.training.session  # noqa: F401
 
     code = code_digests()
-    assert "pipeline/strategies/ddp.py" in code and "pipeline/training/loop.py" in code
+    assert "pipeline/strategies/ddp.py" in code and "pipeline/training/trainer.py" in code
     assert "pipeline/config/schema.py" in code and "pipeline/memory.py" in code
     assert not any(k.startswith("pipeline/tracking/") for k in code)
     data = tmp_path / "arrays.npz"
@@ -128,7 +128,7 @@ def test_the_identity_covers_the_code_this_process_imported(tmp_path):
 def test_cached_digests_are_the_parsed_ones_and_a_bad_cache_is_worked_out_again(
     tmp_path, monkeypatch
 ):
-    import pipeline.training.loop  # noqa: F401
+    import pipeline.training.trainer  # noqa: F401
 
     cache = tmp_path / ".cache" / "code-digests.json"
     parsed = []

@@ -26,7 +26,10 @@ DVC = yaml.safe_load((REPO / "dvc.yaml").read_text())
 STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports as it runs
     "fetch": ("pipeline.fetch", ()),
     # and, train@X, the module of strategy X (strategies.get)
-    "train": ("pipeline.train", ("pipeline.launch.launcher", "pipeline.launch.worker")),
+    "train": (
+        "pipeline.train",
+        ("pipeline.launch.launcher", "pipeline.launch.worker", "pipeline.tracking.stage_end"),
+    ),
     "predict": ("pipeline.predict", ("pipeline.scaling.stage", "pipeline.reporting.predicted")),
     "compare": ("pipeline.compare", ("pipeline.tracking.final_model",)),
 }

@@ -15,11 +15,12 @@ from pipeline.context import DistContext
 from pipeline.data.download import convert
 from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, write_arrays
 from pipeline.errors import UserError
-from pipeline.launch.launcher import settle_run
 from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RUN_RECORD
 from pipeline.run_spec import resolve_run
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, new_record
+from pipeline.tracking.stage_end import settle_run
 from pipeline.training import session
+from pipeline.training.trainer import Trainer
 from support import empty_store
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
@@ -64,11 +65,12 @@ def test_bad_input_found_mid_run_leaves_the_run_failed(store, raw_dataset, monke
     def bad_input(*args, **kwargs):
         raise UserError("found mid-run")
 
-    monkeypatch.setattr(session, "evaluate", bad_input)  # after the first epoch's steps
+    monkeypatch.setattr(Trainer, "evaluate", bad_input)  # after the first epoch's steps
     sigterm = signal.getsignal(signal.SIGTERM)  # the session installs its own
     try:
         with pytest.raises(UserError, match="found mid-run"):
-            session.run(resolve_run(load_config(None, TINY), "single"), CPU)
+            trainer, kept = session.start(resolve_run(load_config(None, TINY), "single"), CPU)
+            trainer.fit(kept)
     finally:
         signal.signal(signal.SIGTERM, sigterm)
     assert statuses(store) == [FAILED]

@@ -1,4 +1,4 @@
-"""The clock of a resumed run (pipeline/training/session.py `train_epochs`, issue 28): a run
+"""The clock of a resumed run (pipeline/training/trainer.py `Trainer.fit`, issue 28): a run
 stopped by SIGTERM mid-epoch and resumed counts the time it trained before the stop, in its
 wall time and in the split epoch's seconds, through the real build, checkpoint policy and
 epoch loop in one process.
@@ -27,8 +27,8 @@ from pipeline.numerics.build import build_training
 from pipeline.recording.recorder import RunRecorder
 from pipeline.results import NO_STEADY
 from pipeline.run_spec import resolve_run
-from pipeline.training import session
-from pipeline.training.loop import Trainer
+from pipeline.training import meter
+from pipeline.training.trainer import Session, Trainer
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -39,7 +39,7 @@ SPENT = 100.0  # the seconds the steps before the stop took, as the session's cl
 
 
 class Clock:
-    """The session's `time`: the real clocks, perf_counter moved on by `offset`."""
+    """The meter's `time`: the real clocks, perf_counter moved on by `offset`."""
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -75,7 +75,7 @@ def process(data, directory, stop_before, monkeypatch):
     """One process of a 1-epoch single run: build, resume, train until the end or the stop.
     Returns (its progress at the start, the summary or None, the lines it said)."""
     clock = Clock()
-    monkeypatch.setattr(session, "time", clock)
+    monkeypatch.setattr(meter, "time", clock)
     cfg = Config()
     cfg.model.width, cfg.train.batch_size, cfg.train.epochs = 4, 16, 1
     spec = resolve_run(cfg, "single")
@@ -90,7 +90,7 @@ def process(data, directory, stop_before, monkeypatch):
     recorder = RunRecorder(spec, CPU, training, IDENTITY.key, progress)
     stop = StopBefore(stop_before, clock)
     trainer = Trainer(training, CPU, stop)
-    summary = session.train_epochs(session.Session(trainer, spec, data, policy, recorder), progress)
+    summary = trainer.fit(Session(spec, data, progress, policy, recorder))
     return start, summary, lines
 
 

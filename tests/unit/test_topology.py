@@ -6,20 +6,19 @@ import pytest
 
 from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
-from pipeline.config import DistConfig
+from pipeline.config import DistConfig, launch_free
 from pipeline.errors import UserError
 from pipeline.launch.topology import (
     ONE_NODE_BACKEND,
     Topology,
     check_job,
     launch_settings,
-    lost_node_hint,
     parse_endpoint,
     parse_nnodes,
     resolve_topology,
-    worker_overrides,
 )
 from pipeline.strategies.base import StrategyFacts
+from pipeline.tracking.stage_end import lost_node_hint
 
 
 def dist(**kw) -> DistConfig:
@@ -189,17 +188,15 @@ def test_parsers():
 
 
 def test_workers_never_see_node_specific_overrides():
-    assert worker_overrides(["dist.node_rank=1", "train.lr=0.2", "dist.nnodes=2"]) == [
-        "train.lr=0.2"
-    ]
+    assert launch_free(["dist.node_rank=1", "train.lr=0.2", "dist.nnodes=2"]) == ["train.lr=0.2"]
 
 
 def test_lost_node_hint_says_where_a_rerun_resumes():
     two = Topology(2, 2, 0, "h:1", "id", 20)
-    hint = lost_node_hint("ddp", 1, two, (1, 0))
+    hint = lost_node_hint("ddp", 1, two.nnodes, two.join_timeout_s, (1, 0))
     assert "\n" not in hint and "resume from epoch 2 step 0" in hint
     assert "dist.join_timeout_s=20s" in hint
-    assert "the start" in lost_node_hint("ddp", 1, two, None)
+    assert "the start" in lost_node_hint("ddp", 1, two.nnodes, two.join_timeout_s, None)
 
 
 def test_one_node_rendezvous_hosts_a_store_each_round_apart():

@@ -1,0 +1,1 @@
+../../../pipeline/checkpoints/__init__.py

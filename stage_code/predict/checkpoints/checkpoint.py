@@ -1,0 +1,1 @@
+../../../pipeline/checkpoints/checkpoint.py

@@ -1,0 +1,1 @@
+../../../pipeline/checkpoints/checkpoint_files.py

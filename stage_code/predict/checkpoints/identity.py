@@ -1,0 +1,1 @@
+../../../pipeline/checkpoints/identity.py

@@ -1,0 +1,1 @@
+../../pipeline/did_not_fit.py

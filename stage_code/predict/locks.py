@@ -1,0 +1,1 @@
+../../pipeline/locks.py

@@ -1,0 +1,1 @@
+../../../pipeline/recording/recorder.py

@@ -1,0 +1,1 @@
+../../../pipeline/tracking/__init__.py

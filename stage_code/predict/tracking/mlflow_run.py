@@ -1,0 +1,1 @@
+../../../pipeline/tracking/mlflow_run.py

@@ -1,0 +1,1 @@
+../../../pipeline/tracking/step_metrics.py

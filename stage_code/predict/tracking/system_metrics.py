@@ -1,0 +1,1 @@
+../../../pipeline/tracking/system_metrics.py

@@ -1,1 +1,0 @@
-../../../pipeline/training/loop.py

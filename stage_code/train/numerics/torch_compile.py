@@ -1,0 +1,1 @@
+../../../pipeline/numerics/torch_compile.py

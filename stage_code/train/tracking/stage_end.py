@@ -1,0 +1,1 @@
+../../../pipeline/tracking/stage_end.py
