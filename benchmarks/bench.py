@@ -65,7 +65,6 @@ from pipeline.results import EpochRow
 from pipeline.run_spec import resolve_run
 from pipeline.training.meter import wait_for_device
 from pipeline.training.trainer import Trainer
-from pipeline.training.tuning import settle
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -184,7 +183,7 @@ class ProjectRow:
         spec = resolve_run(cfg, strategy)
         plan = spec.job_plan(ctx.world_size, len(data.train_labels))
         # a setting decided at the run's start (auto) is measured, as a fresh run does
-        self.training = settle(build_training(spec, ctx, data, plan, raw_dir), {})
+        self.training, _ = build_training(spec, ctx, data, plan, raw_dir).started(None)
         self.prec, self.loader = self.training.prec, self.training.loader
         self.precision = self.prec.name
         self.effective = (

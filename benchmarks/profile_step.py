@@ -31,7 +31,6 @@ from pipeline.numerics.build import build_training
 from pipeline.run_spec import resolve_run
 from pipeline.training.meter import wait_for_device
 from pipeline.training.trainer import Trainer
-from pipeline.training.tuning import settle
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.manual_seed(cfg.seed)
             spec = resolve_run(cfg, args.strategy)
             plan = spec.job_plan(1, len(data.train_labels))
-            training = settle(build_training(spec, ctx, data, plan), {})
+            training, _ = build_training(spec, ctx, data, plan).started(None)
             loader = training.loader
             totals = torch.zeros(3, device=device, dtype=torch.float64)
             trainer = Trainer(training, ctx, StopRequest())

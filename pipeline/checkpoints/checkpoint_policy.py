@@ -1,7 +1,8 @@
 """When a run checkpoints, and where it starts again: the resume of the last committed
 checkpoint of this very run (or of checkpoint.resume_from), and the saves every
 `checkpoint.every_epochs`, at the end and on SIGTERM. Checkpoint files themselves:
-checkpoint.py. What the run decided at its start (tuning.py) travels with its checkpoints."""
+checkpoint.py. What the run decided at its start (its strategy's `at_start`) travels with its
+checkpoints."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from pipeline.files import atomic_write
 from pipeline.interrupts.faults import Hooks
 from pipeline.numerics.build import Training
 from pipeline.results import EpochRow
+from pipeline.strategies.base import Decided
 
-TUNED = "tuned.json"  # beside the checkpoints: what the run decided at its start, at once
+DECIDED = "decided.json"  # beside the checkpoints: what the run decided at its start, at once
 
 
 @dataclass
@@ -41,9 +43,9 @@ class Progress:
     # what happened to the run on its way that its results must be read with (e.g. the world
     # size changed at a resume); kept in every checkpoint after
     notes: list[str] = field(default_factory=list)
-    # settings the run decided at its start ({key: {"value", "notes"}}, tuning.py); kept in
-    # every checkpoint, so that a resume takes them instead of deciding again
-    tuned: dict[str, Any] = field(default_factory=dict)
+    # what the run decided at its start (its strategy's `at_start`; None: nothing yet); kept
+    # in every checkpoint, so that a resume takes it instead of deciding again
+    decided: Optional[Decided] = None
     # The run's clock at `position`: its training seconds so far (EpochRow.wall_seconds), up
     # to the stop for a SIGTERM's checkpoint. A resume goes on from it, so what a run counts
     # is the time its processes trained and checkpointed, up to its last checkpoint: not a
@@ -98,7 +100,7 @@ class CheckpointPolicy:
                     f"not resuming {self.ckpt.directory}: "
                     f"{self.identity.difference(other.get('identity'))}; training from scratch"
                 )
-            fresh.tuned.update(self._tuned_before_restart())
+            fresh.decided = self._decided_before_restart()
             return fresh
         position, record = found
         source.verify(position)  # every rank alike, before the collective load below
@@ -148,30 +150,34 @@ class CheckpointPolicy:
             history,
             totals.to(device),
             notes,
-            dict(record.get("tuned", {})),
+            record.get("decided"),
             record.get("wall_seconds", history[-1].wall_seconds if history else 0.0),
             epoch_seconds,
         )
 
-    def keep_tuned(self, tuned: dict[str, Any]) -> None:
-        """What the run just decided, written beside its checkpoints at once: a torchrun
-        restart before the first checkpoint goes on with the same run (and MLflow run, whose
-        params hold the value), so it takes this rather than deciding again."""
+    def keep_decided(self, progress: Progress, decided: Optional[Decided]) -> None:
+        """What the run just decided at its start, where it decided afresh: into `progress`
+        (every checkpoint keeps it) and beside its checkpoints at once, for a torchrun restart
+        before the first checkpoint, which goes on with the same run (and MLflow run, whose
+        params hold it) and so takes it rather than deciding again."""
+        if progress.decided is not None or decided is None:
+            return
+        progress.decided = decided
         if self.writer:
             self.ckpt.directory.mkdir(parents=True, exist_ok=True)
-            kept = {"fingerprint": self.identity.key, "tuned": tuned}
-            atomic_write(self.ckpt.directory / TUNED, json.dumps(kept, indent=1))
+            kept = {"fingerprint": self.identity.key, "decided": decided}
+            atomic_write(self.ckpt.directory / DECIDED, json.dumps(kept, indent=1))
 
-    def _tuned_before_restart(self) -> dict[str, Any]:
+    def _decided_before_restart(self) -> Optional[Decided]:
         """A torchrun restart with no checkpoint yet: what this run's first attempt decided.
         (A new attempt of the stage starts a new run, which decides for itself.)"""
         if self.ctx.restart == 0:
-            return {}
+            return None
         try:
-            kept = json.loads((self.ckpt.directory / TUNED).read_text())
+            kept = json.loads((self.ckpt.directory / DECIDED).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        return dict(kept.get("tuned", {})) if kept.get("fingerprint") == self.identity.key else {}
+            return None
+        return kept.get("decided") if kept.get("fingerprint") == self.identity.key else None
 
     def save(
         self,
@@ -194,7 +200,7 @@ class CheckpointPolicy:
             "run_id": run_id,
             "identity": self.identity.to_record(),
             "notes": progress.notes,
-            "tuned": progress.tuned,
+            "decided": progress.decided,
             "wall_seconds": progress.wall_seconds,
             "epoch_seconds": progress.epoch_seconds,
         }

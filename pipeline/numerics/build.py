@@ -5,7 +5,7 @@ benchmarks/bench.py and benchmarks/profile_step.py time, built the same way."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +32,7 @@ from pipeline.resnet import build_model
 from pipeline.run_spec import RunSpec
 from pipeline.strategies.base import (
     DataParallelRun,
+    Decided,
     Forward,
     LoopForward,
     Loss,
@@ -52,7 +53,7 @@ class Training:
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
     # the whole step as one CUDA graph (train.cuda_graph: step, where it applies); None: eager
     graphed: Optional[GraphedStep]
-    # how `forward` was made, for a run's setting measured before training (tuning.py)
+    # how `forward` was made, for the strategy's own measurement before training (`started`)
     loop: LoopForward
     # the strategy's, then the precision's, compile's, the loader's and memory's
     notes: tuple[str, ...]
@@ -66,6 +67,19 @@ class Training:
     loss_fn: Loss
     schedule: LrSchedule  # the learning rate of each global step, from the plan
 
+    def started(
+        self, kept: Optional[Decided], say: Callable[[str], None] = lambda line: None
+    ) -> tuple[Training, Optional[Decided]]:
+        """The training with its strategy's last step of building done (`Run.at_start`),
+        once its speed options apply and before the first step, and what the strategy
+        decided there (None: it decides nothing). `kept`: what an earlier process of this
+        same run decided (a resume's), which it takes instead of deciding again."""
+        if self.run.at_start is None:
+            return self, None
+        run, decided = self.run.at_start(self.loop, kept, say)
+        others = self.notes[len(self.run.notes) :]  # the precision's, compile's, ...
+        return replace(self, run=run, notes=(*run.notes, *others)), decided
+
 
 def build_training(
     spec: RunSpec[Any],
@@ -75,8 +89,8 @@ def build_training(
     raw_dir: Path = DATA_DIR / "raw",
 ) -> Training:
     """`plan`: the batch over this job's ranks (`RunSpec.job_plan`). `raw_dir`: the fetched
-    IDX files, which data.loader=dataloader reads via torchvision. A run with a setting still
-    to decide (`run.tuned`) is settled by tuning.py."""
+    IDX files, which data.loader=dataloader reads via torchvision. A strategy with a last
+    step of its own before training (`run.at_start`) takes it in `Training.started`."""
     device, facts, train = ctx.device, spec.facts, spec.train
     # one precision for the job, which every rank computes its gradients in (a collective)
     capabilities = job_capabilities(gpu_capability(device), ctx.world_size)

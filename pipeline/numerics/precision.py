@@ -1,5 +1,5 @@
 """How the shared loop's arithmetic runs: dtype, autocast, loss scaling, and the kernel
-switches that go with them (TF32, cuDNN autotuning, torch.compile).
+switches that go with them (TF32, cuDNN autotuning); torch.compile is torch_compile.py's.
 
 `train.precision`:
   auto  bf16 on GPUs of compute capability 8.0 or newer (native bfloat16), fp16 with loss

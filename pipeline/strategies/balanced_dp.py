@@ -19,6 +19,7 @@ updated (DataParallel keeps buffer updates only from GPU 0's replica, which neve
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Optional
@@ -36,10 +37,10 @@ from pipeline.strategies import gpu0_autotune
 from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
+    Decided,
     LoopForward,
     StrategyFacts,
     StrategySpec,
-    Tuned,
 )
 from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
 from pipeline.strategies.dp import batchnorm_note, device_names, split_note
@@ -93,27 +94,37 @@ def parallelize(
     if options.gpu0_bsz != gpu0_autotune.AUTO:
         return balanced_run(balanced, options, plan, ctx)
 
-    def measure(loop: LoopForward) -> tuple[Optional[int], list[str]]:
-        gpu0_bsz, notes = gpu0_autotune.resolve_gpu0_bsz(
-            model,
-            plan,
-            n_gpus,
-            ctx.on_cuda,
-            wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
-            loop=loop,
-        )
-        return (None if gpu0_bsz is None else gpu0_bsz * accum), notes
+    key = gpu0_autotune.CHOSEN_KEY
 
-    def settle(per_step: Optional[int], notes: list[str]) -> DataParallelRun:
+    def at_start(
+        loop: LoopForward, kept: Optional[Decided], say: Callable[[str], None]
+    ) -> tuple[DataParallelRun, Decided]:
+        """auto decided: measured on a fresh run, as this run decided it on a resume (its
+        notes and MLflow params then say the one value it trained with)."""
+        if kept is not None:
+            per_step, notes = kept[key]["value"], list(kept[key]["notes"])
+            say(
+                f"{key}={json.dumps(per_step)}: reused, as this run decided it at its start; "
+                "not measured again"
+            )
+        else:
+            gpu0_bsz, notes = gpu0_autotune.resolve_gpu0_bsz(
+                model,
+                plan,
+                n_gpus,
+                ctx.on_cuda,
+                wrap=lambda module, size: BalancedDataParallel(module, size, device_ids=device_ids),
+                loop=loop,
+            )
+            per_step = None if gpu0_bsz is None else gpu0_bsz * accum
         # in place: build.py compiled this very module, which has not run yet
         balanced.gpu0_bsz = None if per_step is None else per_step // accum
-        return balanced_run(
-            balanced, options, plan, ctx, notes, {gpu0_autotune.CHOSEN_KEY: per_step}
-        )
+        run = balanced_run(balanced, options, plan, ctx, notes, {key: per_step})
+        return run, {key: {"value": per_step, "notes": notes}}
 
-    # the even split until settled (pipeline/training/tuning.py), before the first step
+    # the even split until decided, before the first step
     unsettled = balanced_run(balanced, options, plan, ctx)
-    return replace(unsettled, tuned=Tuned(gpu0_autotune.CHOSEN_KEY, measure, settle))
+    return replace(unsettled, at_start=at_start)
 
 
 def balanced_run(

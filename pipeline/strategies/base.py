@@ -17,8 +17,8 @@ with `SPEC = StrategySpec(FACTS, nproc, parallelize)`, where
         applies the parallelism to the plain model (the six blocks of
         pipeline.resnet.resnet18), already on ctx.device; `plan` is the batch over
         this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory).
-        A setting the run decides once at its start (`auto`) is left to its `tuned`, which
-        pipeline/training/tuning.py settles before the first step
+        A setting the run decides once at its start (`auto`) is left to the run's
+        `at_start`, which the run calls before its first step (numerics/build.py `started`)
 
 `StrategySpec` is generic in the options type, so where a module builds its SPEC mypy checks
 that both builders take the section its FACTS name (tests/unit/test_strategy_types.py).
@@ -72,27 +72,15 @@ class StrategyFacts(Generic[OptionsT]):
 @dataclass(frozen=True)
 class LoopForward:
     """How the training loop runs a DataParallelRun's forward (pipeline/numerics/build.py),
-    for a setting measured before training: the same compilation, autocast, input layout and
-    CUDA-graph step marker, so the measurement times the forward the run will train with."""
+    for a strategy's measurement before training (`at_start`): the same compilation,
+    autocast, input layout and CUDA-graph step marker, so that it times the forward the run
+    will train with."""
 
     # a strategy's forward as the loop calls it: compiled when train.compile
     prepare: Callable[[Forward], Forward]
     autocast: Autocast
     channels_last: bool  # the loader's batches are channels_last
     new_graph_step: Callable[[], None]  # called before each forward
-
-
-@dataclass(frozen=True)
-class Tuned:
-    """A setting a run decides once, before its first step (e.g. balanced_dp.gpu0_bsz: auto).
-    A fresh run calls `measure` once its speed options are applied; the checkpoint keeps the
-    value and its notes, and a resumed run settles with those instead of measuring again
-    (pipeline/training/tuning.py). The run identity holds the param (`auto`), never the value."""
-
-    key: str  # the value's name in the notes, the MLflow params and the checkpoint record
-    measure: Callable[[LoopForward], tuple[Any, list[str]]]  # -> (a JSON value, its notes)
-    # (value, notes) -> the run with it applied, its notes and params saying so
-    settle: Callable[[Any, list[str]], Run]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +95,11 @@ class _Run:
     notes: tuple[str, ...] = ()  # facts for the record, e.g. "dp on 1 device: runs unsplit"
     # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
     params: Mapping[str, Any] = field(default_factory=dict)
-    # a setting still to decide before the first step; the settled run has none
-    tuned: Optional[Tuned] = None
+    # the strategy's last step of building, where it has one: run once before the first step,
+    # where the loop's speed options apply, with what an earlier process of this same run
+    # decided there (kept by its checkpoints; None on a fresh run) and the run's way to say a
+    # line. -> the run to train (which has none) and what it decided, for the checkpoints
+    at_start: Optional[AtStart] = None
     # drops what the strategy keeps of its process groups beyond the model (a DeviceMesh's
     # registry, which torch's global DTensor caches keep alive), so that destroying the groups
     # frees them and joins their threads (pipeline/launch/worker.py `exit_cleanly`)
@@ -148,6 +139,8 @@ class PipelinedRun(_Run):
 
 
 Run = Union[DataParallelRun, PipelinedRun]
+Decided = dict[str, Any]  # what a run decided at its start, as JSON: the strategy's own keys
+AtStart = Callable[[LoopForward, Optional[Decided], Callable[[str], None]], tuple[Run, Decided]]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`balanced_dp.gpu0_bsz: auto`: measure a few candidate values, keep the leanest fast one.
 
-`resolve_gpu0_bsz` runs once per run, before its first step (balanced_dp's `Tuned`, settled
-by pipeline/training/tuning.py; a resumed run takes the value its checkpoint kept): for each
+`resolve_gpu0_bsz` runs once per run, before its first step (balanced_dp's `at_start`; a
+resumed run takes the value its checkpoint kept): for each
 candidate (`candidates`: the even share of device 0 and 3/4, 1/2, 1/4 of it, and 0) it runs a
 few forward+backward passes of a deep copy of the model as the run will train it (its dtype and
 memory layout; no optimizer step, so the weights and BatchNorm statistics the run trains are

@@ -26,7 +26,6 @@ from pipeline.results import CHECKPOINTS
 from pipeline.run_spec import RunSpec
 from pipeline.timeline import mark
 from pipeline.training.trainer import Session, Trainer
-from pipeline.training.tuning import settle
 
 
 def start(
@@ -65,8 +64,9 @@ def start(
     )
     say = writer_log(spec.name, training.run.writer)
     progress = policy.resume(training, say)
-    # what the run decides at its start (balanced_dp.gpu0_bsz: auto): a resume's is kept
-    training = settle(training, progress.tuned, policy.keep_tuned, say)
+    # the strategy's own last step before training, if it has one: a resume's decision kept
+    training, decided = training.started(progress.decided, say)
+    policy.keep_decided(progress, decided)
     recorder = RunRecorder(spec, ctx, training, identity.key, progress, events)
     mark("mlflow run opened", ctx.rank)
     live = live_progress(spec, training, ctx, recorder, terminal_columns)

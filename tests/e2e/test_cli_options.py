@@ -35,7 +35,7 @@ def test_cli_run_with_auto_decides_once_and_restarts_reuse_it(fetched_project):
     auto = [note for note in metrics["notes"] if note.startswith(f"{CHOSEN_KEY}=")]
     assert len(auto) == 1 and "auto on the CPU resolves to the even split" in auto[0]
     record = json.loads((project / "checkpoints/balanced_dp/latest.json").read_text())
-    assert record["tuned"][CHOSEN_KEY]["value"] is None
+    assert record["decided"][CHOSEN_KEY]["value"] is None
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
     params = mlflow_run.data.params  # the param is auto, the chosen value an outcome

@@ -1,6 +1,6 @@
 """`balanced_dp.gpu0_bsz: auto` (pipeline/strategies/gpu0_autotune.py) on CPU: the pure chooser
 exhaustively, the measuring loop's bookkeeping with a tiny model, the CPU/one-GPU resolution,
-and what balanced_dp leaves to settle (tests/unit/test_tuning.py: once per run, kept on a
+and what balanced_dp leaves to its `at_start` (tests/unit/test_tuning.py: once per run, kept on a
 resume; tests/e2e/test_cli_options.py: a real run, restarted).
 
 The profiling itself (CUDA timing and per-device peaks of a scattered batch) needs >=2 GPUs.
@@ -235,23 +235,23 @@ def test_nproc_does_not_compare_auto_with_the_micro_batch():
 
 
 def settled(par):
-    """The run as tuning.settle leaves a fresh one: measured, then applied."""
-    value, notes = par.tuned.measure(EAGER)
-    return par.tuned.settle(value, notes)
+    """The run as its `at_start` leaves a fresh one: measured, then applied."""
+    run, _ = par.at_start(EAGER, None, lambda line: None)
+    return run
 
 
 def test_auto_is_left_to_settle_and_a_set_value_is_not():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    assert parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config(8), cpu).tuned is None
+    assert parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config(8), cpu).at_start is None
     par = parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu)
-    assert par.tuned.key == CHOSEN_KEY and par.params == {}
+    assert par.at_start is not None and par.params == {}
     assert not any(note.startswith(CHOSEN_KEY) for note in par.notes)
 
 
 def test_parallelize_on_cpu_resolves_auto_to_the_even_split():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
     par = settled(parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu))
-    assert par.batch_split == [16] and par.forward.gpu0_bsz is None and par.tuned is None
+    assert par.batch_split == [16] and par.forward.gpu0_bsz is None and par.at_start is None
     assert par.params == {CHOSEN_KEY: None}
     assert any(note.startswith(f"{CHOSEN_KEY}=null") for note in par.notes)
 

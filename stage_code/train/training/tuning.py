@@ -1,1 +1,0 @@
-../../../pipeline/training/tuning.py
