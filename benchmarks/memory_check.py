@@ -1,6 +1,7 @@
 """Per-device memory at N, predicted from one process, checked against real N-process runs
-(issue 48, goal 2, its CPU half): ddp and fsdp predicted at N by the predict stage's own code
-(each role's rank stepped at world size N under the fake process group: profile.measure_rank),
+(issue 48, goal 2, its CPU half): ddp, fsdp and pipeline_parallel predicted at N by the predict
+stage's own code (each role's rank stepped at world size N under the fake process group:
+profile.measure_rank, and every stage of a pipeline: profile.stage_memories),
 then run for real as N gloo processes on this CPU, every rank's step at its peak read the same
 way (MemTracker: profile.rank_memory), rank by rank.
 
@@ -31,9 +32,9 @@ from benchmarks.e2e import result_head
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.profile import RankMemory, measure_rank, rank_memory
+from pipeline.scaling.profile import RankMemory, measure_rank, rank_memory, stage_memories
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "pipeline_parallel")
 GOAL = 0.05
 SETTINGS = ["model.width=16", "train.batch_size=128"]
 FEW = 1e-6  # seconds of timing: the memory is what is read here
@@ -79,8 +80,12 @@ def real_ranks(name: str, world: int, overrides: list[str]) -> dict[int, RankMem
 def check(name: str, world: int, overrides: list[str]) -> dict[str, Any]:
     """`name` at `world`: every real rank against the prediction of its role (the rank the
     prediction measured of that number, else rank 0, which speaks for the ranks between)."""
+    if name == "pipeline_parallel":  # a process per stage: as many stages as processes
+        overrides = [*overrides, f"pipeline_parallel.stages={world}"]
     spec = resolve_run(load_config(None, overrides), name)
-    predicted = {m.rank: m for m in measure_rank(spec, world, torch.device("cpu"), FEW).memory}
+    cpu = torch.device("cpu")
+    found = stage_memories(spec, cpu) if name == "pipeline_parallel" else None
+    predicted = {m.rank: m for m in found or measure_rank(spec, world, cpu, FEW).memory}
     real = real_ranks(name, world, overrides)
     ranks = {}
     for rank, measured in sorted(real.items()):

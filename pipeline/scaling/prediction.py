@@ -19,7 +19,13 @@ from pipeline.errors import UserError
 from pipeline.resnet import INPUT_SHAPE
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.links import Link
-from pipeline.scaling.profile import RankMemory, RankProfile, measure_rank, measure_stages
+from pipeline.scaling.profile import (
+    RankMemory,
+    RankProfile,
+    measure_rank,
+    measure_stages,
+    stage_memories,
+)
 from pipeline.scaling.step_time import StepPrediction, data_parallel_step, pipeline_step
 
 # A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
@@ -73,7 +79,8 @@ class Prediction:
             return {}
         on_gpu = self.memory[0].allocator is not None
         return {
-            # each rank measured (rank 0; the last too where shards differ) -> its peak
+            # each rank measured (rank 0; the last too where shards differ; every stage of a
+            # pipeline) -> its peak
             "predicted_peak_mib": {str(m.rank): peak_mib(m, self.data) for m in self.memory},
             "peak_measured_as": "the allocator's peak" if on_gpu else "tensors (MemTracker)",
             "resident_data_mib": self.data.resident_bytes / MIB,
@@ -101,8 +108,8 @@ class Prediction:
 def predict_step(
     spec: RunSpec[Any], n: int, link: Link, device: torch.device, seconds: float
 ) -> tuple[int, StepPrediction, int, tuple[RankMemory, ...]]:
-    """(devices used, the step predicted, the per-rank batch, the ranks' step memory: none
-    for a pipeline yet) of `spec` asked to run on n."""
+    """(devices used, the step predicted, the per-rank batch, the ranks' step memory: each
+    role's rank, every stage of a pipeline) of `spec` asked to run on n."""
     overlaps = device.type == "cuda"
     if spec.name == "pipeline_parallel":
         stages = spec.options.stages
@@ -120,7 +127,7 @@ def predict_step(
             s.optimizer_s,
             link,
         )
-        return stages, step, spec.plan.micro, ()
+        return stages, step, spec.plan.micro, stage_memories(spec, device)
     profile: RankProfile = measure_rank(spec, n, device, seconds)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)

@@ -257,12 +257,26 @@ def step_memory(rank: BuiltRank, device: torch.device) -> RankMemory:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
-    tracker.track_external(rank.training.run.module, rank.training.optimizer)
+    module = rank.training.run.module
+    tracker.track_external(module, rank.training.optimizer)
+
+    def one_call_at_a_time(called: torch.nn.Module, args: object) -> None:
+        # MemTracker keeps one call's statistics per module, and refuses a second forward of
+        # it in the same step (a pipeline's micro-batches, gradient accumulation): each
+        # forward starts them afresh. Its peak, which is what is read, spans the whole step.
+        if called is module:
+            tracker.reset_mod_stats()
+
+    # registered before the tracker's own hooks, so that it runs before them
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(one_call_at_a_time)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    with tracker:
-        rank.step()
+    try:
+        with tracker:
+            rank.step()
+    finally:
+        hook.remove()
     allocator = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -313,6 +327,14 @@ def fake_rank_memory(
     """Rank `rank` of `world_size`'s step memory under the fake process group."""
     with fake_world(world_size, device, rank) as ctx:
         return rank_memory(spec, ctx, device)
+
+
+def stage_memories(spec: RunSpec[Any], device: torch.device) -> tuple[RankMemory, ...]:
+    """Every stage's rank of `spec`'s pipeline (one process each) under the fake process
+    group: its step at the peak. The stages hold different blocks and, with a schedule's
+    micro-batches in flight, different activations: each is its own role."""
+    stages = spec.options.stages
+    return tuple(fake_rank_memory(spec, stages, device, rank) for rank in range(stages))
 
 
 def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:

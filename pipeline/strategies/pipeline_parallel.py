@@ -54,7 +54,7 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
 from pipeline.errors import UserError
-from pipeline.resnet import BLOCKS, block_flops
+from pipeline.resnet import BLOCKS, INPUT_SHAPE, block_flops
 from pipeline.strategies.base import (
     Autocast,
     Loss,
@@ -169,10 +169,23 @@ def parallelize(
     if ctx.world_size == 1:
         run = looped(model, options, ctx, bounds, loss_fn, step_batch)
         return replace(run, notes=(*notes, *run.notes))
-    blocks = stage_blocks(model, bounds[ctx.rank], bounds[ctx.rank + 1])
-    # Shapes and dtypes between stages are inferred from the first micro-batch (again when
-    # the schedule switches between training and eval; module buffers are restored after).
-    stage = PipelineStage(blocks, ctx.rank, stages, ctx.device)
+    first, end = bounds[ctx.rank], bounds[ctx.rank + 1]
+    # The stage's metadata, stated rather than inferred at the first step by an exchange with
+    # its neighbours: so a rank also runs alone, under the fake process group, where the
+    # predict stage measures it (scaling/profile.py)
+    inputs, outputs = boundary_examples(model, first, end, step_batch // chunks, autocast)
+    blocks = stage_blocks(model, first, end)
+    stage = PipelineStage(
+        blocks,
+        ctx.rank,
+        stages,
+        ctx.device,
+        input_args=inputs,
+        output_args=outputs,
+        # the gradients that travel back have the activations' shapes and dtypes
+        output_grads=None if end == len(model) else torch.zeros_like(outputs),
+        input_grads=None if first == 0 else torch.zeros_like(inputs),
+    )
     schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[options.schedule]
     schedule = schedule_class(stage, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False)
 
@@ -258,6 +271,28 @@ def schedule_loss(forwards: int) -> Loss:
         return F.cross_entropy(logits, labels) / forwards
 
     return scaled
+
+
+@torch.no_grad()
+def boundary_examples(
+    model: nn.Sequential, first: int, end: int, chunk: int, autocast: Autocast
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What blocks first..end-1 take in and give out for one pipeline micro-batch of `chunk`
+    images, as the schedule's training and evaluation pass them: the whole model's forward
+    (every rank holds it before the split) under the run's autocast, in eval mode so that no
+    BatchNorm statistic moves, on zeros of the parameters' dtype and device."""
+    param = next(model.parameters())
+    x = torch.zeros(chunk, *INPUT_SHAPE, dtype=param.dtype, device=param.device)
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            before = model[:first](x)
+            after = model[first:end](before)
+    finally:
+        model.train(was_training)
+    # as in training: a received activation takes a gradient, which goes back to its sender
+    return before.requires_grad_(first > 0), after.requires_grad_(True)
 
 
 SPEC = StrategySpec(FACTS, nproc, parallelize)
