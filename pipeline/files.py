@@ -4,8 +4,11 @@ reports)."""
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Union
 
@@ -33,3 +36,30 @@ def atomic_write(path: Path, content: Content) -> None:
             raise disk_full(path) from err
         raise
     os.replace(tmp, path)
+
+
+@contextmanager
+def staged(directory: Path) -> Iterator[Path]:
+    """Files that belong together (a report: its pages, tables and the plots the pages show),
+    written as a set: the block writes them into a staging folder inside `directory`
+    (`.staged/`, on the same filesystem), and only once every one is whole are they moved
+    in, a rename each. A full disk or an error on the way removes the staging folder and
+    leaves `directory`'s files as they were: never some old and some new. A full disk is
+    said of the file it was writing, as it will be named."""
+    stage = directory / ".staged"
+    shutil.rmtree(stage, ignore_errors=True)  # a killed run's
+    try:
+        stage.mkdir(parents=True)
+        yield stage
+        for path in sorted(stage.iterdir()):
+            os.replace(path, directory / path.name)
+    except OSError as err:
+        written = Path(err.filename) if err.filename else None
+        if err.errno == errno.ENOSPC and written is not None:
+            if written == stage:
+                raise disk_full(directory) from err
+            if stage in written.parents:
+                raise disk_full(directory / written.relative_to(stage)) from err
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

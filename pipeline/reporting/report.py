@@ -26,7 +26,7 @@ from typing import Any
 from pipeline.config import MlflowConfig, ReportConfig
 from pipeline.did_not_fit import read_did_not_fit
 from pipeline.errors import UserError
-from pipeline.files import atomic_write
+from pipeline.files import atomic_write, staged
 from pipeline.reporting import answer, table
 from pipeline.reporting import predicted as predicted_section
 from pipeline.reporting import unfit as unfit_section
@@ -119,44 +119,46 @@ def write_report(
         log_final_models([r["strategy"] for r in rows if r["mlflow_run_id"]], model_of)
     registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)
 
-    REPORTS.mkdir(exist_ok=True)  # once every input has been read: a refusal makes none
-    for name, data in (
-        ("summary.json", table.summary_json(rows)),
-        ("comparison.json", table.comparison_json(rows)),
-        (
-            "recommendation.json",
-            {
-                **answer.to_json(answered, registered),
-                "did_not_fit": {r.strategy: r.to_json() for r in unfit},
-            },
-        ),
-    ):
-        atomic_write(REPORTS / name, json.dumps(data, indent=2) + "\n")
-    for name, field in table.WIDE_PLOTS.items():
-        atomic_write(REPORTS / name, table.wide_csv(histories, list(NAMES), field))
-    unreachable = "MLflow was unreachable: the runs are not grouped"
-    # the URL alone, to open or script with (`xdg-open $(cat reports/mlflow_url.txt)`)
-    atomic_write(REPORTS / MLFLOW_URL, (mlflow.url if mlflow else unreachable) + "\n")
-    write_plots(rows, histories, target, REPORTS)
-    md, page = "", ""
-    if predicted is not None:
-        configs = {name: read_config(name) for name in names}
-        md = predicted_section.markdown(predicted, rows, configs)
-        page = predicted_section.html_section(predicted, rows, configs)
-    atomic_write(
-        REPORTS / "summary.md",
-        with_appendix(
-            markdown_page(rows, target, mlflow, answered, registered),
-            unfit_section.markdown(unfit) + md,
-        ),
-    )
-    atomic_write(
-        REPORTS / "index.html",
-        with_appendix(
-            html_page(rows, target, mlflow, REPORTS, answered, registered),
-            unfit_section.html_section(unfit) + page,
-        ),
-    )
+    # once every input has been read (a refusal makes no file), the report as one set: the
+    # old one stays whole until the new one is (files.staged)
+    with staged(REPORTS) as out:
+        for name, data in (
+            ("summary.json", table.summary_json(rows)),
+            ("comparison.json", table.comparison_json(rows)),
+            (
+                "recommendation.json",
+                {
+                    **answer.to_json(answered, registered),
+                    "did_not_fit": {r.strategy: r.to_json() for r in unfit},
+                },
+            ),
+        ):
+            atomic_write(out / name, json.dumps(data, indent=2) + "\n")
+        for name, field in table.WIDE_PLOTS.items():
+            atomic_write(out / name, table.wide_csv(histories, list(NAMES), field))
+        unreachable = "MLflow was unreachable: the runs are not grouped"
+        # the URL alone, to open or script with (`xdg-open $(cat reports/mlflow_url.txt)`)
+        atomic_write(out / MLFLOW_URL, (mlflow.url if mlflow else unreachable) + "\n")
+        write_plots(rows, histories, target, out)
+        md, page = "", ""
+        if predicted is not None:
+            configs = {name: read_config(name) for name in names}
+            md = predicted_section.markdown(predicted, rows, configs)
+            page = predicted_section.html_section(predicted, rows, configs)
+        atomic_write(
+            out / "summary.md",
+            with_appendix(
+                markdown_page(rows, target, mlflow, answered, registered),
+                unfit_section.markdown(unfit) + md,
+            ),
+        )
+        atomic_write(
+            out / "index.html",
+            with_appendix(
+                html_page(rows, target, mlflow, out, answered, registered),
+                unfit_section.html_section(unfit) + page,
+            ),
+        )
 
     if mlflow is not None:
         close_comparison(

@@ -1,8 +1,9 @@
 """A full disk, produced for real (issue 50, goal 2): a size-limited tmpfs under the project's
-checkpoints/ or data/. The stage ends in one line naming the path, "no space left", and the
-fix, with exit code 74 and no traceback; the last complete checkpoint and the data already
-fetched stay byte-identical; a rerun once there is space resumes to the uninterrupted run's
-weights. (Mounting takes root, as CI runs: elsewhere these tests are skipped.)"""
+checkpoints/, data/ or reports/. The command ends in one line naming the path, "no space
+left", and the fix, with exit code 74 and no traceback; the last complete checkpoint, the
+data already fetched and the last report stay byte-identical; a rerun once there is space
+resumes to the uninterrupted run's weights. (Mounting takes root, as CI runs: elsewhere
+these tests are skipped.)"""
 
 from __future__ import annotations
 
@@ -99,3 +100,29 @@ def test_a_full_data_disk_keeps_the_data_already_fetched(fetched_project):
         assert (before / "fashion-mnist" / name).read_bytes() == (
             project / "data/fashion-mnist" / name
         ).read_bytes()
+
+
+def test_a_full_reports_disk_keeps_the_last_report_whole(fetched_project):
+    """The report is one set (files.staged): a compare that runs out of space under reports/
+    leaves the last report as it was, every file of it, and no staging folder."""
+    project = fetched_project(strategies=["single"])
+    run(project, "python", "-m", "pipeline.train", "single")
+    run(project, "python", "-m", "pipeline.compare", MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    reports = project / "reports"
+    before = {p.name: p.read_bytes() for p in reports.iterdir()}
+    assert "index.html" in before and "memory.png" in before
+    # room for the last report and a little: the new one, written whole beside it, is not
+    with tmpfs(reports, sum(map(len, before.values())) // 1024 + 96):
+        # another target: every table and page of the new report differs from the last
+        proc = run(
+            project,
+            "python",
+            "-m",
+            "pipeline.compare",
+            "report.target_accuracy=0.2",
+            check=False,
+            MLFLOW_TRACKING_URI="http://127.0.0.1:9",
+        )
+        refused_for_space(proc, "reports/")
+        after = {p.name: p.read_bytes() for p in reports.iterdir()}
+    assert after == before

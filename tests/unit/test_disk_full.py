@@ -14,7 +14,7 @@ import pytest
 
 from pipeline import errors
 from pipeline.errors import disk_full, no_space_line, out_of_space
-from pipeline.files import atomic_write
+from pipeline.files import atomic_write, staged
 
 
 class CheckpointException(BaseException):
@@ -121,3 +121,35 @@ def test_publish_says_what_to_do_with_a_store_whose_making_ran_out_of_space(monk
     monkeypatch.setattr(kept_runs, "publish_strategy", half_made)
     with pytest.raises(errors.UserError, match="is half-made .* move it aside"):
         publish.publish_all(["single"], None)
+
+
+def write_set(directory: Path, fail_at: str | None = None, error: BaseException | None = None):
+    """A report-like set of three files, failing as it writes `fail_at`."""
+    with staged(directory) as out:
+        for name in ("a.json", "b.png", "index.html"):
+
+            def write(tmp: Path, name: str = name) -> None:
+                if name == fail_at:
+                    raise error
+                tmp.write_text(f"new {name}")
+
+            atomic_write(out / name, write)
+
+
+def test_a_staged_set_moves_in_whole_and_leaves_no_staging_folder(tmp_path):
+    (tmp_path / "a.json").write_text("old a.json")
+    write_set(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.png", "index.html"]
+    assert (tmp_path / "a.json").read_text() == "new a.json"
+
+
+@pytest.mark.parametrize("error", [ENOSPC, RuntimeError("a plot failed")])
+def test_a_set_that_fails_on_the_way_leaves_the_last_one_as_it_was(tmp_path, error):
+    old = {name: f"old {name}" for name in ("a.json", "b.png", "index.html")}
+    for name, text in old.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(type(error)) as raised:
+        write_set(tmp_path, "index.html", error)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == old
+    if error is ENOSPC:  # named as the file it would have been, not its staged copy
+        assert raised.value.filename == str(tmp_path / "index.html")
