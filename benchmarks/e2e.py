@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mirror", type=Path, required=True, help="directory of IDX .gz files")
     parser.add_argument("--set", nargs="*", default=[], help="key=value params overrides")
-    parser.add_argument("--strategies", nargs="*", default=list(NAMES))
+    parser.add_argument("--strategies", nargs="*", default=list(NAMES), choices=NAMES)
     parser.add_argument("--quickstart", action="store_true", help="time `make quick` instead")
     parser.add_argument("--dvc", action="store_true", help="time `dvc repro`, whole, instead")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")

@@ -29,13 +29,14 @@ from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import build_training
 from pipeline.run_spec import resolve_run
+from pipeline.strategies import NAMES
 from pipeline.training.meter import wait_for_device
 from pipeline.training.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--strategy", default="single")
+    parser.add_argument("--strategy", default="single", choices=NAMES)
     parser.add_argument("--set", nargs="*", default=[], help="key=value params overrides")
     parser.add_argument("--warmup", type=int, default=15, help="untimed steps")
     parser.add_argument("--steps", type=int, default=20, help="profiled steps")

@@ -41,6 +41,7 @@ from benchmarks.e2e import project_copy, torch_device
 from benchmarks.peer import marked
 from pipeline.data.synthetic import write_synthetic
 from pipeline.launch.launcher import START_METHOD_ENV
+from pipeline.strategies import NAMES
 from pipeline.timeline import ENV as TIMELINE_ENV
 from pipeline.timeline import PUBLISHER_CPU
 
@@ -155,7 +156,7 @@ def one_quickstart(project: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--strategies", nargs="*", default=["single", "ddp"])
+    parser.add_argument("--strategies", nargs="*", default=["single", "ddp"], choices=NAMES)
     parser.add_argument("--quickstart", type=int, default=0, help="whole quickstarts to time")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)

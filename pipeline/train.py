@@ -55,6 +55,7 @@ def strategy_config(cfg: Config, strategy: str) -> str:
 def main(argv: Optional[list[str]] = None) -> None:
     mark("command")
     args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES, params_help=True)
+    check_strategy(args.strategy)  # the one check of the name in this process
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
     if under_torchrun(os.environ):
@@ -62,7 +63,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         worker.entry(args.strategy, None, args.overrides)
         return
-    check_strategy(args.strategy)
     raw = read_params("params.yaml")  # read once: the stage's config and its workers'
     cfg = config_from(raw, args.overrides)
     if args.print_config:

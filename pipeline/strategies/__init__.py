@@ -46,9 +46,10 @@ def own_params(params: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def get(name: str) -> StrategySpec[Any]:
-    """The strategy's spec. Its options type is checked where the module builds the spec; a
-    name known only at run time cannot say which it is, hence Any here."""
-    check_strategy(name)
+    """The spec of strategy `name`, one of NAMES: a name a user gave is checked once, where it
+    came in (check_strategy on the command line, check_names for params.yaml's lists), not
+    again here. Its options type is checked where the module builds the spec; a name known
+    only at run time cannot say which it is, hence Any here."""
     module = importlib.import_module(f"{__name__}.{name}")
     # a cast, not an isinstance check: that needs base.py imported at this module's top, and
     # torch with it, in every command that only reads NAMES (tests/unit/test_layout.py
