@@ -82,7 +82,9 @@ def entry(strategy: str, cfg: Config | None = None, overrides: list[str] | None 
     answer = Answer()
     with answer.of_run(strategy):
         # the Config is resolved here, once, into the run's spec: nothing below sees the rest
-        spec = resolve_run(cfg or load_config("params.yaml", overrides or []), strategy)
+        if cfg is None:  # started by hand: params.yaml is read here
+            cfg = load_config("params.yaml", overrides or [])
+        spec = resolve_run(cfg, strategy)
         ctx = DistContext.from_env()
         mark("worker", ctx.rank)
         events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one

@@ -119,6 +119,7 @@ def write_report(
         log_final_models([r["strategy"] for r in rows if r["mlflow_run_id"]], model_of)
     registered = register(answered, rows, mlflow_options.experiment, mlflow is not None)
 
+    unreachable = "MLflow was unreachable: the runs are not grouped"
     # once every input has been read (a refusal makes no file), the report as one set: the
     # old one stays whole until the new one is (files.staged)
     with staged(REPORTS) as out:
@@ -136,7 +137,6 @@ def write_report(
             atomic_write(out / name, json.dumps(data, indent=2) + "\n")
         for name, field in table.WIDE_PLOTS.items():
             atomic_write(out / name, table.wide_csv(histories, list(NAMES), field))
-        unreachable = "MLflow was unreachable: the runs are not grouped"
         # the URL alone, to open or script with (`xdg-open $(cat reports/mlflow_url.txt)`)
         atomic_write(out / MLFLOW_URL, (mlflow.url if mlflow else unreachable) + "\n")
         write_plots(rows, histories, target, out)
