@@ -42,6 +42,16 @@ Checks, each PASS or FAIL in the output and the JSON:
                     host memory no test may exhaust, torch's OutOfMemoryError injected at a
                     step), exits 0 with results/dp/summary.json saying "did_not_fit", the
                     device that ran out and its peak before, and the keys that would fit it
+  shared_device     ranks that share the device (issue 48): ddp, fsdp and pipeline_parallel
+                    again with 2 ranks on the one device (`<name>_2ranks`; on a GPU devices
+                    "0,0", the ranks over gloo; on the CPU 2 processes) against their 1-rank
+                    rows: the same accuracy (within SHARED_ACC_BOUND or the A/A pair's
+                    difference), a memory peak per rank, and on a GPU the run marked
+                    shared-device and each rank's peak below the 1-rank run's; no ratio to
+                    single is taken from a shared-device run
+  shared_fp64       (a GPU's; on the CPU tests/e2e/test_parity.py) the same three strategies
+                    trained 10 fp64 steps with 2 ranks on the one GPU and with 1: the same
+                    weights within the parity tests' 1e-9
 Measures: each run's steady epoch (its epoch 2; epoch 1 pays start-up and compilation), the
 ratio to single, and MFU (FLOPs trained per second over the device's peak: the datasheet's
 for known GPUs, a measured matmul peak otherwise). Writes benchmarks/results/
@@ -95,6 +105,30 @@ NULL_ROW = "single_again"  # the A/A repeat of single, run last
 # how far apart two runs of single's steady epoch may come out on one GPU for its timing to be
 # trusted: a GPU's epochs are steadier than a shared CPU's; not yet measured on one
 NULL_BOUND_GPU = 0.10
+# the strategies of several ranks, each run again with 2 ranks on the one device (issue 48 goal
+# 1): on a GPU the device named twice (devices "0,0"), the ranks over gloo; on the CPU 2 processes
+SEVERAL_RANKS = ("ddp", "fsdp", "pipeline_parallel")
+TWO_RANKS = "_2ranks"  # the suffix of those rows
+# how far a 2-rank run's test accuracy may land from its 1-rank run's: the A/A pair's difference
+# where that is larger (the run-to-run noise), else 2 points (a few test images at the CPU size)
+SHARED_ACC_BOUND = 0.02
+# fp64: a 2-rank run on the one GPU against the 1-rank run, as the parity tests do on the CPU
+# (tests/e2e/test_parity.py): 10 optimizer steps of a global batch of 32 at width 8
+FP64_PAIR = [
+    "seed=0",
+    "model.width=8",
+    "data.limit_train=320",
+    "data.limit_test=64",
+    "train.batch_size=32",
+    "train.epochs=1",
+    "train.precision=fp64",
+    "train.channels_last=false",
+    "ddp.sync_bn=true",
+    "fsdp.sync_bn=true",
+    "pipeline_parallel.microbatches=1",
+    f"mlflow.experiment={EXPERIMENT}-fp64",
+]
+FP64_BOUND = 1e-9  # the parity tests' bound
 
 
 @dataclass(frozen=True)
@@ -122,6 +156,17 @@ def one_device(name: str, device: str) -> list[str]:
         "pipeline_parallel": ["pipeline_parallel.stages=2", "pipeline_parallel.nproc=1"],
     }
     return ["devices=0" if device == "cuda" else "devices=cpu", *per.get(name, [])]
+
+
+def two_ranks(name: str, device: str) -> list[str]:
+    """Overrides that run strategy `name` as 2 ranks on the one device: on a GPU that device
+    named twice, so the ranks share it; on the CPU 2 processes."""
+    per = {
+        "ddp": ["ddp.nproc=2"],
+        "fsdp": ["fsdp.nproc=2"],
+        "pipeline_parallel": ["pipeline_parallel.stages=2", "pipeline_parallel.nproc=2"],
+    }
+    return ["devices=0,0" if device == "cuda" else "devices=cpu", *per[name]]
 
 
 def real_mirror() -> Path | None:
@@ -292,7 +337,13 @@ def measure(rows: dict[str, dict], size: Size, device: torch.device) -> dict[str
         table[row] = {
             "steady_epoch_s": m["steady_epoch_seconds"],
             "first_epoch_s": m["warmup_epoch_seconds"],
-            "x_single": m["steady_epoch_seconds"] / single if single else None,
+            # ranks that took turns on one GPU: their time is no speed, so no ratio
+            "x_single": (
+                m["steady_epoch_seconds"] / single
+                if single and not m.get("shared_devices")
+                else None
+            ),
+            "shared_devices": m.get("shared_devices", {}),
             "samples_per_s": m["steady_samples_per_s"],
             "mfu": flops * m["steady_samples_per_s"] / peak_flops,
             "peak_source": source,
@@ -429,7 +480,8 @@ def planned_runs(
     strategies: list[str], device: str, size: Size, real_data: bool
 ) -> dict[str, tuple[str, list[str]]]:
     """row -> (strategy, overrides): each strategy on the one device at `size`, then, on a
-    GPU, single at params.yaml's defaults. Every run logs to EXPERIMENT and, on the real data,
+    GPU, single at params.yaml's defaults, then the strategies of several ranks with 2 ranks
+    on the one device, then single again. Every run logs to EXPERIMENT and, on the real data,
     trains on `size`'s share of it."""
     placed = [f"mlflow.experiment={EXPERIMENT}"]
     if real_data:
@@ -447,6 +499,9 @@ def planned_runs(
         # it writes results/single again, after single's own run was checked; its own MLflow
         # run (another identity: channels_last), in the same experiment
         runs["single_defaults"] = ("single", ["devices=0", f"train.epochs={size.epochs}", *placed])
+    for name in SEVERAL_RANKS:
+        if name in strategies:
+            runs[name + TWO_RANKS] = (name, [*two_ranks(name, device), *common])
     if "single" in strategies:  # last: the A/A repeat, as far from single's run as it gets
         runs[NULL_ROW] = runs["single"]
     return runs
@@ -477,6 +532,75 @@ def check_null(rows: dict[str, dict], table: dict[str, dict], device: torch.devi
         ok = floor <= NULL_BOUND_GPU
         detail += f" (<= {NULL_BOUND_GPU:.0%})"
     return check("null_comparison", ok, detail)
+
+
+def check_shared(rows: dict[str, dict], device: torch.device) -> dict[str, Any]:
+    """shared_device: each strategy of several ranks with 2 ranks on the one device against its
+    1-rank row: both trained, to the same accuracy (SHARED_ACC_BOUND, or the A/A pair's
+    difference), each rank with a memory peak of its own; on a GPU the run says its ranks
+    shared the device, and each rank's peak is below the 1-rank run's (half the batch, and a
+    shard or a stage of the model). A CPU process's peak holds torch itself: shown, not
+    compared."""
+    pairs = [name for name in SEVERAL_RANKS if name in rows or name + TWO_RANKS in rows]
+    if not pairs:
+        return check("shared_device", False, "no strategy of several ranks trained")
+    null = (
+        abs(rows["single"]["metrics"]["test_acc"] - rows[NULL_ROW]["metrics"]["test_acc"])
+        if "single" in rows and NULL_ROW in rows
+        else 0.0
+    )
+    bound = max(SHARED_ACC_BOUND, null)
+    ok, details = True, []
+    for name in pairs:
+        if name not in rows or name + TWO_RANKS not in rows:
+            ok = False
+            details.append(f"{name}: 1 rank and 2 ranks did not both train")
+            continue
+        one, two = rows[name]["metrics"], rows[name + TWO_RANKS]["metrics"]
+        peaks, solo = two["peak_memory_mib"], max(one["peak_memory_mib"].values())
+        shared = two.get("shared_devices", {})
+        good = abs(two["test_acc"] - one["test_acc"]) <= bound
+        good &= two["world_size"] == 2 and len(peaks) == 2 and all(v > 0 for v in peaks.values())
+        if device.type == "cuda":
+            said = any(note.startswith("shared-device") for note in two["notes"])
+            good &= list(shared.values()) == [2] and said
+            good &= all(v < solo for v in peaks.values())
+        else:  # the CPU's processes each have cores: not shared-device
+            good &= shared == {}
+        ok &= good
+        details.append(
+            f"{name}: 2 ranks ({', '.join(f'{n} on GPU {g}' for g, n in shared.items()) or 'CPU'}"
+            f") test_acc {two['test_acc']:.4f} vs 1 rank {one['test_acc']:.4f} "
+            f"(|diff| <= {bound:.3f}); per-rank peaks "
+            + ", ".join(f"{label} {v:.0f}" for label, v in peaks.items())
+            + f" MiB vs 1 rank {solo:.0f} MiB"
+        )
+    return check("shared_device", ok, "; ".join(details))
+
+
+def check_shared_fp64(project: Path, env: dict, timeout_s: float) -> dict[str, Any]:
+    """shared_fp64 (a GPU's): each strategy of several ranks trains 10 fp64 steps with 2 ranks
+    on the one GPU and with 1, to the same weights within the parity tests' bound."""
+    diffs, problems = {}, []
+    for name in SEVERAL_RANKS:
+        states = []
+        for placed in (one_device(name, "cuda"), two_ranks(name, "cuda")):
+            shutil.rmtree(project / "checkpoints" / name, ignore_errors=True)
+            cmd = [sys.executable, "-m", "pipeline.train", name, *placed, *FP64_PAIR]
+            try:
+                run_stage(cmd, project, env, timeout_s)
+            except StageFailed as err:
+                problems.append(f"{name} {' '.join(placed)}: {err}")
+                break
+            states.append(torch.load(project / "results" / name / "model.pt"))
+        if len(states) == 2:
+            one, two = states
+            diffs[name] = max((two[k].double() - one[k].double()).abs().max().item() for k in one)
+    ok = not problems and all(d < FP64_BOUND for d in diffs.values())
+    text = "; ".join(f"{n}: max |2 ranks - 1 rank| {d:.1e}" for n, d in diffs.items())
+    return check(
+        "shared_fp64", ok, f"{text} (< {FP64_BOUND:.0e})" + "".join(f"; {p}" for p in problems)
+    )
 
 
 # activation bytes per training sample at width 64 (ResNet-18 on 28x28, bf16, about half of
@@ -597,8 +721,11 @@ def main(argv: list[str] | None = None) -> dict:
         checks.append(check_mlflow(uri, rows))
         if "dp" in args.strategies:  # after mlflow_runs: its run is FAILED, by design
             checks.append(check_did_not_fit(project, env, device, size, args.stage_timeout))
+        if args.device == "cuda":  # the CPU's parity tests train these pairs (test_parity.py)
+            checks.append(check_shared_fp64(project, env, args.stage_timeout))
     table = measure(rows, size, device)
     checks.append(check_null(rows, table, device))
+    checks.append(check_shared(rows, device))
     result = {
         "machine": label,
         "info": info,

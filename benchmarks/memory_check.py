@@ -7,12 +7,15 @@ way (MemTracker: profile.rank_memory), rank by rank.
 
     python -m benchmarks.memory_check                   # N = 2 and 4
     python -m benchmarks.memory_check --gpus 2 --set model.width=8
+    python -m benchmarks.memory_check --device cuda     # the real ranks share the one GPU
 
 What is compared is the step's tensor memory, the part the prediction runs code for; the data
-each device holds beside it is arithmetic (prediction.DataSize), the same in both. On a CPU a
-run reports its process's RSS, which also holds torch itself, so no stage's figure is compared
-here; on a GPU the check is against the allocator's peak of real ranks sharing the device,
-which needs a GPU (docs/scaling.md). Goal: within 5% per rank.
+each device holds beside it is arithmetic (prediction.DataSize), the same in both. On a CPU
+that is MemTracker's total (a run reports its process's RSS, which also holds torch itself, so
+no stage's figure is compared here). With `--device cuda` the prediction runs on the GPU and
+the real ranks are N processes on that one GPU over gloo, as a run with devices "0,0" puts
+them (issue 48 goal 1): what is compared is each rank's allocator peak over its step, which a
+process reads of its own allocations only. Goal: within 5% per rank.
 """
 
 from __future__ import annotations
@@ -40,14 +43,20 @@ SETTINGS = ["model.width=16", "train.batch_size=128"]
 FEW = 1e-6  # seconds of timing: the memory is what is read here
 
 
-def _real_rank(rank: int, world: int, port: int, name: str, overrides: list[str], out: Any) -> None:
+def _real_rank(rank: int, world: int, port: int, job: tuple[str, list[str], str], out: Any) -> None:
+    name, overrides, device_type = job
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         spec = resolve_run(load_config(None, overrides), name)
-        ctx = DistContext(rank=rank, local_rank=rank, world_size=world, gpus=())
-        out.put(rank_memory(spec, ctx, torch.device("cpu")))
+        gpus: tuple[str, ...] = ()
+        placement: tuple[int, ...] = ()
+        if device_type == "cuda":  # every rank on GPU 0, as devices "0,0,..." places them
+            torch.cuda.set_device(0)
+            gpus, placement = ("0",), (0,) * world
+        ctx = DistContext(rank, rank, world, gpus, placement=placement)
+        out.put(rank_memory(spec, ctx, ctx.device))
     finally:
         dist.destroy_process_group()
 
@@ -58,14 +67,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def real_ranks(name: str, world: int, overrides: list[str]) -> dict[int, RankMemory]:
-    """Every rank of a real `world`-process gloo job of `name`: its step at the peak."""
+def real_ranks(
+    name: str, world: int, overrides: list[str], device: torch.device
+) -> dict[int, RankMemory]:
+    """Every rank of a real `world`-process gloo job of `name` on `device`'s type (all on
+    the one GPU where it is CUDA): its step at the peak."""
     spawn = mp.get_context("spawn")
     out = spawn.SimpleQueue()
     port = free_port()
+    job = (name, overrides, device.type)
     procs = [
-        spawn.Process(target=_real_rank, args=(r, world, port, name, overrides, out))
-        for r in range(world)
+        spawn.Process(target=_real_rank, args=(r, world, port, job, out)) for r in range(world)
     ]
     for p in procs:
         p.start()
@@ -77,20 +89,20 @@ def real_ranks(name: str, world: int, overrides: list[str]) -> dict[int, RankMem
     return {m.rank: m for m in got}
 
 
-def check(name: str, world: int, overrides: list[str]) -> dict[str, Any]:
+def check(name: str, world: int, overrides: list[str], device: torch.device) -> dict[str, Any]:
     """`name` at `world`: every real rank against the prediction of its role (the rank the
-    prediction measured of that number, else rank 0, which speaks for the ranks between)."""
+    prediction measured of that number, else rank 0, which speaks for the ranks between):
+    MemTracker's total on a CPU, the allocator's peak on a GPU (RankMemory.step_bytes)."""
     if name == "pipeline_parallel":  # a process per stage: as many stages as processes
         overrides = [*overrides, f"pipeline_parallel.stages={world}"]
     spec = resolve_run(load_config(None, overrides), name)
-    cpu = torch.device("cpu")
-    found = stage_memories(spec, cpu) if name == "pipeline_parallel" else None
-    predicted = {m.rank: m for m in found or measure_rank(spec, world, cpu, FEW).memory}
-    real = real_ranks(name, world, overrides)
+    found = stage_memories(spec, device) if name == "pipeline_parallel" else None
+    predicted = {m.rank: m for m in found or measure_rank(spec, world, device, FEW).memory}
+    real = real_ranks(name, world, overrides, device)
     ranks = {}
     for rank, measured in sorted(real.items()):
         role = predicted.get(rank, predicted[0])
-        mine, theirs = role.tensors["Total"], measured.tensors["Total"]
+        mine, theirs = role.step_bytes, measured.step_bytes
         ranks[str(rank)] = {
             "predicted_as_rank": role.rank,
             "predicted_step_bytes": mine,
@@ -105,16 +117,18 @@ def check(name: str, world: int, overrides: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, nargs="*", default=[2, 4])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--set", nargs="*", default=[], help="more key=value settings")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args(argv)
     overrides = [*SETTINGS, *args.set]
-    label, info = machine(torch.device("cpu"))
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    label, info = machine(device)
     load_before = os.getloadavg()
     rows = {}
     for name in STRATEGIES:
         for world in args.gpus:
-            row = check(name, world, overrides)
+            row = check(name, world, overrides, device)
             rows[f"{name}@{world}"] = row
             for rank, r in row["ranks"].items():
                 print(
@@ -125,7 +139,13 @@ def main(argv: list[str] | None = None) -> dict:
                 )
     worst = max(abs(r["error"]) for row in rows.values() for r in row["ranks"].values())
     result = {
-        **result_head(label, info, load_before, {"gpus": args.gpus, "overrides": overrides}),
+        **result_head(
+            label,
+            info,
+            load_before,
+            {"gpus": args.gpus, "overrides": overrides, "device": args.device},
+        ),
+        "compared": "allocator peak per rank" if device.type == "cuda" else "MemTracker total",
         "goal": f"|predicted / measured - 1| <= {GOAL:.0%} per rank",
         "checks": rows,
         "worst_error": worst,

@@ -17,7 +17,9 @@ peak and says so (NOT_SEPARABLE) where it would show one.
 
 Labels name the physical device, so runs on different GPUs of one machine never mix:
 cuda:j -> "gpu_" + ctx.gpus[j] (CUDA_VISIBLE_DEVICES "3,5": cuda:1 is "gpu_5"), and in a job
-of several nodes the node too ("node1_gpu_5"); on the CPU "cpu_" + global rank. The imbalance is
+of several nodes the node too ("node1_gpu_5"); on the CPU "cpu_" + global rank. Where ranks share
+a GPU (devices: "0,0") each rank's peak is its own, the rank in its label ("gpu_0_rank1"): what
+that rank would hold on a GPU of its own, which a device total would hide. The imbalance is
 taken over every device of the job. Everything but `reset_peaks`/`read_peaks` is pure, so
 it is tested without GPUs.
 """
@@ -61,6 +63,14 @@ def physical_label(device: str, gpus: tuple[str, ...], node: int = 0, nodes: int
     return f"node{node}_{label}" if nodes > 1 else label
 
 
+def rank_label(device: str, ctx: DistContext) -> str:
+    """This process's label for `device`: the physical one, and its rank where ranks share
+    the GPU ("gpu_0_rank1"); DataParallel's replicas in one process share one allocator,
+    whose peak is the device's."""
+    label = physical_label(device, ctx.gpus, ctx.node, ctx.nodes)
+    return f"{label}_rank{ctx.rank}" if ctx.shares_devices and ctx.world_size > 1 else label
+
+
 def local_devices(run_devices: list[str], ctx: DistContext) -> list[torch.device]:
     """The CUDA devices this process allocates on ([] on the CPU): every device of a
     one-process run (DataParallel), else the process's own."""
@@ -86,7 +96,7 @@ def read_peaks(devices: list[torch.device], ctx: DistContext) -> list[DevicePeak
     if devices:
         return [
             DevicePeak(
-                physical_label(str(d), ctx.gpus, ctx.node, ctx.nodes),
+                rank_label(str(d), ctx),
                 torch.cuda.max_memory_allocated(d) / MIB,
                 torch.cuda.max_memory_reserved(d) / MIB,
             )

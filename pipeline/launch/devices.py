@@ -7,6 +7,13 @@ GPU indices such as "0" or "0,3". The list decides CPU vs one GPU vs several. In
 the GPUs this process can see, so under an outer CUDA_VISIBLE_DEVICES="2,3,5" the spec "0,2"
 means physical GPUs 2 and 5. The choice is applied as CUDA_VISIBLE_DEVICES for the training
 processes, before CUDA initialises, so inside them the chosen GPUs are cuda:0..n-1.
+
+A GPU named more than once holds that many ranks (or DataParallel replicas): "0,0" runs ddp,
+fsdp or a pipeline's stages as two processes on GPU 0, and dp's two replicas there. That is
+how one GPU rehearses a job of several (issue 48): each rank's memory is its own and real,
+but the ranks take turns on one device, so their time says nothing of N GPUs. CUDA cannot
+list a GPU twice in CUDA_VISIBLE_DEVICES, so the launcher gives the workers each GPU once and
+the CUDA index of every rank apart (`placement`; context.PLACEMENT_ENV).
 Everything here but `visible_gpu_count`, `nvidia_host` and `choose_devices` is pure, so it
 is tested without GPUs.
 """
@@ -31,7 +38,7 @@ class DeviceSpec:
     """Parsed `devices`: `auto`, `cpu`, or explicit GPU indices."""
 
     mode: str  # "auto" | "cpu" | "gpus"
-    indices: tuple[int, ...] = ()
+    indices: tuple[int, ...] = ()  # one per rank or replica: a GPU named twice holds two
 
 
 def parse_devices(spec: object) -> DeviceSpec:
@@ -45,10 +52,7 @@ def parse_devices(spec: object) -> DeviceSpec:
         raise UserError(
             f'devices: got {spec!r}, expected auto, cpu or GPU indices like "0" or "0,3"'
         )
-    indices = tuple(int(p) for p in parts)
-    if len(set(indices)) != len(indices):
-        raise UserError(f"devices: got {spec!r}, which names a GPU twice")
-    return DeviceSpec("gpus", indices)
+    return DeviceSpec("gpus", tuple(int(p) for p in parts))
 
 
 def parent_visible_ids(env_value: str | None, count: int) -> list[str]:
@@ -59,7 +63,8 @@ def parent_visible_ids(env_value: str | None, count: int) -> list[str]:
 
 
 def resolve_devices(spec: DeviceSpec, visible: list[str]) -> list[str]:
-    """The CUDA_VISIBLE_DEVICES entries to use ([] = CPU); errors list what is visible."""
+    """The GPUs to use as CUDA_VISIBLE_DEVICES entries, one per rank or replica, so a GPU
+    holding two is there twice ([] = CPU); errors list what is visible."""
     if spec.mode == "cpu":
         return []
     if spec.mode == "auto":
@@ -69,6 +74,14 @@ def resolve_devices(spec: DeviceSpec, visible: list[str]) -> list[str]:
         seen = ", ".join(f"{i} (id {v})" for i, v in enumerate(visible)) or "none"
         raise UserError(f"devices: GPU {missing[0]} is not there; visible GPUs: {seen}")
     return [visible[i] for i in spec.indices]
+
+
+def placement(gpus: list[str]) -> tuple[list[str], tuple[int, ...]]:
+    """`resolve_devices`' entries -> (CUDA_VISIBLE_DEVICES entries, each GPU once in the
+    order first named; the CUDA index, inside the workers, of each rank or replica):
+    ["3", "5", "3"] -> (["3", "5"], (0, 1, 0))."""
+    unique = list(dict.fromkeys(gpus))
+    return unique, tuple(unique.index(g) for g in gpus)
 
 
 # The oldest Linux driver a torch built for CUDA <major>.x runs on. NVIDIA's minor-version

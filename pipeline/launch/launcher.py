@@ -34,6 +34,7 @@ from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
 from pipeline.checkpoints.identity import code_digests
 from pipeline.config import Config
+from pipeline.context import PLACEMENT_ENV
 from pipeline.data.fashion_mnist import train_samples
 from pipeline.errors import (
     DISK_FULL_EXIT,
@@ -50,7 +51,12 @@ from pipeline.errors import (
 from pipeline.interrupts.faults import ENV as FAULT_ENV
 from pipeline.interrupts.faults import parse_faults
 from pipeline.launch import one_node_rendezvous, worker
-from pipeline.launch.devices import choose_devices, cuda_driver_initialised, workers_can_fork
+from pipeline.launch.devices import (
+    choose_devices,
+    cuda_driver_initialised,
+    placement,
+    workers_can_fork,
+)
 from pipeline.launch.machine_warmup import MARKERS as WARMUP_MARKERS
 from pipeline.launch.machine_warmup import warm_once
 from pipeline.launch.topology import (
@@ -146,6 +152,11 @@ def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
     check_kept_files(name)
     job.plan.drawing_from(train_samples(job.limit_train))  # the data is there, and holds a batch
     where = f"GPUs {','.join(gpus)}" if gpus else "CPU"
+    if len(set(gpus)) < len(gpus):
+        where += (
+            " (ranks share a GPU, over gloo since NCCL refuses that: each rank's memory is "
+            "real, their time is turns on one device, not a speed)"
+        )
     if job.topology.multi_node:
         where += (
             f", this node of {job.topology.nnodes} (c10d rendezvous {job.topology.rdzv_id} at "
@@ -165,7 +176,7 @@ def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
         before_the_workers(name, gpus, publisher)
         settings = launch_settings(job.nproc, job.max_restarts, job.topology)
         with torchrun_agent() as agent:
-            elastic_launch(launch_config(settings, start, len(gpus)), worker.entry)(
+            elastic_launch(launch_config(settings, start, len(set(gpus))), worker.entry)(
                 name, worker_cfg
             )
         mark("workers ended")
@@ -239,10 +250,12 @@ def workers_environment(
     the stage's MLflow publisher's."""
     files = WorkerFiles(tmp / "error.txt", tmp / "outcome", events)
     saved = dict(os.environ)
+    visible, slots = placement(gpus)
     # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine
     os.environ.update(
         {
-            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            "CUDA_VISIBLE_DEVICES": ",".join(visible),
+            PLACEMENT_ENV: ",".join(map(str, slots)),
             ERROR_FILE_ENV: str(files.error),
             OUTCOME_FILE_ENV: str(files.outcome),
             EVENTS_ENV: str(files.events),

@@ -182,7 +182,7 @@ def process_group(ctx: DistContext) -> Iterator[StopRequest]:
         store=attempt_store(os.environ),
         rank=ctx.rank,
         world_size=ctx.world_size,
-        device_id=ctx.device if ctx.on_cuda else None,
+        device_id=ctx.device if ctx.backend == "nccl" else None,  # NCCL's eager connect
     )
     mark("process group", ctx.rank)
     # the SIGTERM vote travels on a CPU group so it never waits on the GPU

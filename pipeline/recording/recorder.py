@@ -26,6 +26,7 @@ from pipeline.results import (
     EpochRow,
     RunSummary,
     history_csv,
+    shared_note,
     speed_figures,
     write_results,
 )
@@ -77,7 +78,9 @@ class RunRecorder:
         # may have ended)
         self.fresh = progress.position == Position(0, 0) and ctx.restart == 0
         # the strategy's notes and the precision's, then what happened to this run on its way
-        self.notes = [*training.notes, *progress.notes]
+        self.shared = ctx.shared(training.run.devices)  # ranks that took turns on a GPU
+        shared = shared_note(self.shared, ctx.world_size > 1)
+        self.notes = [*training.notes, *([shared] if shared else []), *progress.notes]
         self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
         self.key, self.history = key, progress.history
         self.epochs, self.final_wait_s = spec.train.epochs, spec.mlflow.final_sync_wait_s
@@ -102,6 +105,8 @@ class RunRecorder:
             "devices": ",".join(run.devices),
             "gpus": ",".join(gpus.values()) or "cpu",
             "batch_split": "+".join(map(str, run.batch_split)),
+            # "0:2": two ranks took turns on GPU 0, so the run's time is no speed
+            "shared_devices": ",".join(f"{g}:{n}" for g, n in self.shared.items()) or "none",
             "dvc_stage": f"train@{self.name}",
             "parallel_lab_fingerprint": self.key,  # what results/<strategy>/summary.json calls it
             # the speed options as they applied (build.speed_features), for MLflow's filters
@@ -209,4 +214,5 @@ class RunRecorder:
             speed_features=dict(self.training.features),
             memory=memory.run_summary([r.memory for r in history]),
             notes=list(self.notes),
+            shared_devices=dict(self.shared),
         )

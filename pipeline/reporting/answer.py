@@ -45,7 +45,7 @@ from pipeline.reporting.speed_noise import (
     within_floor,
 )
 from pipeline.reporting.table import BASELINE, Row, features_text
-from pipeline.results import WARMUP_STANDS_IN
+from pipeline.results import WARMUP_STANDS_IN, device_of
 from pipeline.tracking.comparison_run import RECOMMENDED, Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
@@ -178,6 +178,9 @@ def _imbalance(row: Row) -> Optional[float]:
 
 def _count(row: Row, device: str) -> str:
     n = len(row.get("peak_memory_mib") or {})
+    if row.get("shared_devices"):
+        gpus = len(row["shared_devices"])
+        return f"{n} ranks sharing {gpus} {device}{'s' if gpus != 1 else ''}"
     return f"{n} {device}{'es' if device == 'process' else 's'}" if n != 1 else f"1 {device}"
 
 
@@ -299,11 +302,17 @@ def _recommend(
     verdicts: Mapping[str, str],
     floor: SpeedFloor,
 ) -> Recommendation:
+    turns = []  # ranks that took turns on one GPU: their time is no speed (results.shared_note)
+    if objective.key in SPEED_OBJECTIVES:
+        turns = [r["strategy"] for r in rows if r.get("shared_devices")]
+        rows = [r for r in rows if not r.get("shared_devices")]
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
     missing = [r["strategy"] for r in rows if objective.value(r) is None]
+    left_out = f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"
 
     def none(*reasons: str) -> Recommendation:
-        return Recommendation(objective.key, objective.title, (), reasons)
+        said = (*reasons, left_out) if turns else reasons
+        return Recommendation(objective.key, objective.title, (), said)
 
     if objective.key == "fastest_to_target":
         if target is None:
@@ -380,6 +389,8 @@ def _recommend(
         reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
+    if turns:
+        reasons.append(left_out)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
     return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy)
 
@@ -419,7 +430,7 @@ def _features_differ(best: Row, others: list[Row]) -> Optional[str]:
 def hardware(rows: list[Row]) -> str:
     """What the strategies ran on, in words: the GPUs (physical ids) they used, or the CPU."""
     if rows[0].get("memory_kind") == "gpu":
-        gpus = sorted({d for r in rows for d in (r.get("peak_memory_mib") or {})})
+        gpus = sorted({device_of(d) for r in rows for d in (r.get("peak_memory_mib") or {})})
         gpus = gpus or sorted({d for r in rows for d in r["devices"]})
         return f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} ({', '.join(gpus)})"
     most = max(r["world_size"] for r in rows)

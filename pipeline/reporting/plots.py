@@ -106,6 +106,8 @@ def _bar_label(row: Row) -> str:
     parts = [] if up is None else [f"{up:.2f}x, eff {row['scaling_efficiency']:.0%}"]
     if row.get("steady_basis") == WARMUP_STANDS_IN:
         parts.append("incl. warm-up")
+    if row.get("shared_devices"):
+        parts.append("shared-device: no speed")
     return ", ".join(parts)
 
 

@@ -70,14 +70,21 @@ def comparison_rows(
     base = next((r for r in results if r.strategy == BASELINE), None)
     rows = []
     for r in results:
-        up = speedup(base.steady_epoch_seconds if base else None, r.steady_epoch_seconds)
+        # ranks that took turns on one GPU ran no faster or slower for it: no speedup
+        up = (
+            None
+            if r.shared_devices
+            else speedup(base.steady_epoch_seconds if base else None, r.steady_epoch_seconds)
+        )
+        n_devices = len(r.devices) - sum(n - 1 for n in r.shared_devices.values())
         epoch, seconds = time_to_target(histories[r.strategy], target)
         rows.append(
             {
                 "strategy": r.strategy,
                 "world_size": r.world_size,
                 "devices": r.devices,
-                "n_devices": len(r.devices),
+                "n_devices": n_devices,
+                "shared_devices": r.shared_devices,
                 "batch_split": r.batch_split,
                 "warmup_epoch_s": r.warmup_epoch_seconds,
                 "steady_epoch_s": r.steady_epoch_seconds,
@@ -93,7 +100,7 @@ def comparison_rows(
                 "steady_basis": r.steady_basis,
                 "speed_note": r.speed_note,  # why a speed figure is empty or includes warm-up
                 "speedup_vs_single": up,
-                "scaling_efficiency": scaling_efficiency(up, len(r.devices)),
+                "scaling_efficiency": scaling_efficiency(up, n_devices),
                 "test_acc": r.test_acc,
                 "best_test_acc": r.best_test_acc,
                 "acc_delta_vs_single": delta(r.test_acc, base.test_acc if base else None),
@@ -164,7 +171,7 @@ def _epoch_seconds_cell(v: Optional[float], row: dict[str, Any]) -> str:
 
 def _speedup_cell(v: Optional[float], row: dict[str, Any]) -> str:
     if v is None:
-        return "n/a"
+        return "n/a (shared-device)" if row.get("shared_devices") else "n/a"
     # within the A/A noise floor (the compare stage sets it; speed_noise.py): no real speedup
     noise = ", within noise" if row.get("speedup_within_noise") else ""
     return f"{v:.2f}x ({row['scaling_efficiency']:.0%}{noise})"
@@ -194,6 +201,11 @@ def _busiest_cell(v: Any, row: dict[str, Any]) -> str:
     return "n/a" if top is None else f"{top[1]:.0f} ({top[0]})"
 
 
+def _devices_cell(v: int, row: Row) -> str:
+    """ "2 (2)": devices (processes); "1 (2, shared-device)" where ranks shared a GPU."""
+    return f"{v} ({row['world_size']}{', shared-device' if row.get('shared_devices') else ''})"
+
+
 def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Cell]]:
     """(row key, header, cell text) for every column of the main table: one row per strategy,
     a bounded number of columns whatever the devices (each device's memory is the per-device
@@ -203,7 +215,7 @@ def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, C
     )
     return [
         ("strategy", "strategy", lambda v, row: v),
-        ("n_devices", "devices (processes)", lambda v, row: f"{v} ({row['world_size']})"),
+        ("n_devices", "devices (processes)", _devices_cell),
         ("batch_split", "per-device batch", lambda v, row: "+".join(map(str, v))),
         ("steady_epoch_s", "steady s/epoch (warm-up epoch 1)", _epoch_seconds_cell),
         ("steady_samples_per_s", "steady samples/s", _speed(".0f")),
@@ -264,7 +276,7 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
     marked = _speed(".2f", marks=TERSE), _speed(".0f", marks=TERSE)
     cols: list[tuple[str, str, Cell]] = [
         ("strategy", "strategy", lambda v, row: v),
-        ("n_devices", "devices", lambda v, row: f"{v} ({row['world_size']})"),
+        ("n_devices", "devices", _devices_cell),
         ("steady_epoch_s", "s/epoch", marked[0]),
         ("steady_samples_per_s", "samples/s", marked[1]),
         ("speedup_vs_single", "speedup", _num(".2f", "x")),

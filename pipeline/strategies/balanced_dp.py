@@ -88,8 +88,8 @@ def parallelize(
     ctx: DistContext,
     autocast: Autocast,
 ) -> DataParallelRun:
-    n_gpus, accum = len(ctx.gpus), plan.grad_accum
-    device_ids = list(range(n_gpus))
+    n_gpus, accum = len(ctx.slots), plan.grad_accum  # replicas, as dp's
+    device_ids = list(ctx.slots)
     balanced = BalancedDataParallel(model, gpu0_per_forward(options, plan), device_ids=device_ids)
     if options.gpu0_bsz != gpu0_autotune.AUTO:
         return balanced_run(balanced, options, plan, ctx)
@@ -137,7 +137,7 @@ def balanced_run(
 ) -> DataParallelRun:
     """The run of `balanced` at its gpu0_bsz; `auto_notes`, `chosen`: how auto decided it."""
     gpu0_bsz, micro = balanced.gpu0_bsz, plan.micro
-    split = balanced_split(micro, max(len(ctx.gpus), 1), gpu0_bsz)
+    split = balanced_split(micro, max(len(ctx.slots), 1), gpu0_bsz)
     devices = device_names(ctx)
     notes = [split_note(FACTS.name, micro, split, devices), *auto_notes]
     if (note := batchnorm_note(FACTS.name, split)) is not None:

@@ -38,8 +38,8 @@ def nproc(options: DpConfig, plan: BatchPlan, n_gpus: int) -> int:
 def parallelize(
     model: nn.Sequential, options: DpConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
 ) -> DataParallelRun:
-    n_gpus = len(ctx.gpus)
-    data_parallel = AutocastDataParallel(model, device_ids=list(range(n_gpus)))
+    n_gpus = len(ctx.slots)  # replicas: a GPU named twice in `devices` holds two
+    data_parallel = AutocastDataParallel(model, device_ids=list(ctx.slots))
     split = dp_split(plan.micro, max(n_gpus, 1))
     devices = device_names(ctx)
     notes = (split_note(FACTS.name, plan.micro, split, devices), batchnorm_note(FACTS.name, split))
@@ -56,7 +56,7 @@ def parallelize(
 
 
 def device_names(ctx: DistContext) -> list[str]:
-    return [f"cuda:{i}" for i in range(len(ctx.gpus))] or [str(ctx.device)]
+    return [f"cuda:{i}" for i in ctx.slots] or [str(ctx.device)]
 
 
 def split_note(name: str, micro: int, split: list[int], devices: list[str]) -> str:

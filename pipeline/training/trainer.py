@@ -300,7 +300,7 @@ class Trainer:
         peaks = {p.label: p.allocated_mib for p in memory.read_peaks(devices, ctx)}
         gpu = re.search(r"GPU (\d+)", str(err))  # torch names the device that ran out
         failed_on = (
-            memory.physical_label(f"cuda:{gpu[1]}", ctx.gpus, ctx.node, ctx.nodes)
+            memory.rank_label(f"cuda:{gpu[1]}", ctx)
             if gpu and ctx.on_cuda
             else next(iter(peaks), f"cpu_{ctx.rank}")
         )

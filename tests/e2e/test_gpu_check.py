@@ -29,6 +29,7 @@ CHECKS = {
     "mlflow_runs",
     "null_comparison",
     "did_not_fit",
+    "shared_device",
 }
 
 
@@ -75,7 +76,12 @@ def test_the_cpu_run_passes_every_check_and_measures_every_strategy(tmp_path):
     assert result["info"]["torch"] == torch.__version__  # which torch it used
     assert result["data"] == "synthetic (512/128 images)"
     rows = result["rows"]
-    assert set(rows) == {*RUN, "single_again"}  # the A/A repeat of single, last
+    # the A/A repeat of single, last; before it the strategies of several ranks with 2
+    assert set(rows) == {*RUN, "fsdp_2ranks", "pipeline_parallel_2ranks", "single_again"}
+    for name in ("fsdp", "pipeline_parallel"):  # 2 processes on the CPU: each its own cores
+        assert rows[f"{name}_2ranks"]["shared_devices"] == {}
+        assert rows[f"{name}_2ranks"]["x_single"] > 0
+        assert f"{name}: 2 ranks (CPU) test_acc" in proc.stdout
     assert rows["single"]["x_single"] == 1.0
     assert rows["single"]["beyond_noise"] is False  # single against itself
     assert rows["single_again"]["test_acc"] == rows["single"]["test_acc"]
@@ -115,6 +121,7 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
     error = "RuntimeError: fault: rank 0 raised at the start"
     strategy_of = {"single": "single", "pipeline_parallel": "pipeline_parallel"}
     strategy_of["single_again"] = "single"  # the A/A repeat
+    strategy_of["pipeline_parallel_2ranks"] = "pipeline_parallel"  # 2 ranks on the one device
     assert set(result["failures"]) == set(strategy_of)
     for row, text in result["failures"].items():
         command = f"python -m pipeline.train {strategy_of[row]} exited 1"
@@ -126,7 +133,7 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
         proc.stdout
     )
     assert (
-        "gpu-check: FAIL stages: 0 of 3 trained; single failed; pipeline_parallel failed; "
-        "single_again failed" in proc.stdout
+        "gpu-check: FAIL stages: 0 of 4 trained; single failed; pipeline_parallel failed; "
+        "pipeline_parallel_2ranks failed; single_again failed" in proc.stdout
     )
     assert result["rows"] == {}

@@ -4,6 +4,7 @@ rank of a real N-process gloo job holds at its step's peak, within 5% (measured:
 0.3%)."""
 
 import pytest
+import torch
 
 from benchmarks.memory_check import GOAL, check
 
@@ -12,7 +13,7 @@ TINY = ["model.width=4", "train.batch_size=32", "train.precision=fp32"]
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "pipeline_parallel"])
 def test_each_ranks_predicted_step_memory_is_the_real_ranks(name):
-    row = check(name, 2, TINY)
+    row = check(name, 2, TINY, torch.device("cpu"))
     # fsdp's last rank holds the smaller shard where they do not divide: measured apart, as
     # is every pipeline stage; every ddp rank holds what rank 0 does
     roles = [r["predicted_as_rank"] for r in row["ranks"].values()]

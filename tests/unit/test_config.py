@@ -137,7 +137,6 @@ OWNED_ELSEWHERE = [
     (lambda: check_names(["single", "horovod"]), ["strategies: unknown entry 'horovod'"]),
     (lambda: parse_devices("0,,3"), ["devices", "0,,3"]),
     (lambda: parse_devices("gpu0"), ["devices", "gpu0"]),
-    (lambda: parse_devices("0,0"), ["devices", "twice"]),
     (lambda: parse_endpoint("host:port"), ["dist.rdzv_endpoint", "host:port"]),
 ]
 

@@ -1,8 +1,11 @@
 """`devices` parsing and CUDA_VISIBLE_DEVICES composition (pure functions, no GPU needed)."""
 
-import pytest
+import os
 
-from pipeline.context import DistContext
+import pytest
+import torch
+
+from pipeline.context import PLACEMENT_ENV, DistContext
 from pipeline.errors import UserError
 from pipeline.launch.devices import (
     DeviceSpec,
@@ -11,10 +14,12 @@ from pipeline.launch.devices import (
     cuda_driver_initialised,
     parent_visible_ids,
     parse_devices,
+    placement,
     resolve_devices,
     unusable_gpus,
     workers_can_fork,
 )
+from pipeline.launch.launcher import workers_environment
 
 
 @pytest.mark.parametrize(
@@ -27,13 +32,14 @@ from pipeline.launch.devices import (
         ("0,3", DeviceSpec("gpus", (0, 3))),
         (" 1, 2 ", DeviceSpec("gpus", (1, 2))),
         (3, DeviceSpec("gpus", (3,))),
+        ("0,0", DeviceSpec("gpus", (0, 0))),  # two ranks (or replicas) on GPU 0
     ],
 )
 def test_parse(text, spec):
     assert parse_devices(text) == spec
 
 
-@pytest.mark.parametrize("text", ["", "0,,3", "gpu0", "-1", "0;1", "1,1", "cuda:0"])
+@pytest.mark.parametrize("text", ["", "0,,3", "gpu0", "-1", "0;1", "1x2", "cuda:0"])
 def test_parse_refuses(text):
     with pytest.raises(UserError, match="devices"):
         parse_devices(text)
@@ -211,3 +217,50 @@ def test_a_process_that_made_no_cuda_call_has_no_initialised_driver():
     torch.cuda.device_count()  # NVML where it answers: the launcher counts GPUs this way
     assert cuda_driver_initialised() is False
     assert cuda_driver_initialised() is False
+
+
+def test_a_gpu_named_twice_holds_two_ranks():
+    """devices "0,0": two ranks (or replicas) on GPU 0. CUDA_VISIBLE_DEVICES cannot list a GPU
+    twice, so the workers see each GPU once and get every rank's CUDA index apart."""
+    visible = ["0", "1"]
+    assert resolve_devices(parse_devices("0,0"), visible) == ["0", "0"]
+    assert resolve_devices(parse_devices("1,0,1"), visible) == ["1", "0", "1"]
+    assert placement(["0", "0"]) == (["0"], (0, 0))
+    assert placement(["3", "5", "3"]) == (["3", "5"], (0, 1, 0))
+    assert placement(["0", "3"]) == (["0", "3"], (0, 1))
+    assert placement([]) == ([], ())
+
+
+def test_ranks_that_share_a_gpu_talk_over_gloo_and_know_their_device():
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); gloo takes CUDA tensors."""
+    shared = [
+        DistContext(rank=r, local_rank=r, world_size=2, gpus=("4",), placement=(0, 0))
+        for r in range(2)
+    ]
+    for ctx in shared:
+        assert ctx.shares_devices and ctx.backend == "gloo"
+        assert ctx.device == torch.device("cuda", 0)
+        assert ctx.devices_of_ranks() == ["cuda:0", "cuda:0"]
+        assert ctx.shared(ctx.devices_of_ranks()) == {"4": 2}
+    own = DistContext(rank=1, local_rank=1, world_size=2, gpus=("4", "6"))
+    assert not own.shares_devices and own.backend == "nccl"
+    assert own.device == torch.device("cuda", 1) and own.shared(own.devices_of_ranks()) == {}
+    three_on_two = DistContext(
+        rank=2, local_rank=2, world_size=3, gpus=("0", "1"), placement=(0, 1, 0)
+    )
+    assert three_on_two.device == torch.device("cuda", 0)
+    assert three_on_two.shared(three_on_two.devices_of_ranks()) == {"0": 2}
+    # on the CPU each process gets cores of its own: nothing is shared-device there
+    cpu = DistContext(rank=0, local_rank=0, world_size=2, gpus=())
+    assert cpu.backend == "gloo" and cpu.shared(cpu.devices_of_ranks()) == {}
+
+
+def test_the_workers_see_each_gpu_once_and_every_ranks_index_apart(tmp_path):
+    before = dict(os.environ)
+    with workers_environment(["0", "0"], 2, tmp_path, tmp_path / "events"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        assert os.environ[PLACEMENT_ENV] == "0,0"
+    assert dict(os.environ) == before
+    with workers_environment([], 2, tmp_path, tmp_path / "events"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # the CPU, even on a GPU machine
+        assert os.environ[PLACEMENT_ENV] == ""

@@ -267,3 +267,14 @@ def test_unsynced_batchnorm_is_noted_for_the_data_parallel_strategies():
     note = unsynced_note("ddp", per_rank=8, world=2)
     assert note is not None and "each rank's 8 sample(s)" in note and "micro-batch's 16" in note
     assert unsynced_note("fsdp", per_rank=16, world=1) is None  # one rank: the whole batch
+
+
+def test_a_gpu_named_twice_holds_two_replicas():
+    """devices "0,0": dp's and balanced_dp's two replicas on GPU 0, the batch split as over two
+    GPUs; nothing runs (replicas need a real GPU: gpu-check's replicas_bf16 runs them)."""
+    one_gpu_twice = DistContext(rank=0, local_rank=0, world_size=1, gpus=("0",), placement=(0, 0))
+    par = parallelize(dp.SPEC, nn.Linear(3, 2), config(batch_size=20), one_gpu_twice)
+    assert par.devices == ["cuda:0", "cuda:0"] and par.batch_split == [5, 5]
+    assert one_gpu_twice.shared(par.devices) == {"0": 2}
+    par = parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config(20, gpu0_bsz=4), one_gpu_twice)
+    assert par.devices == ["cuda:0", "cuda:0"] and par.batch_split == [2, 8]

@@ -28,8 +28,16 @@ from support import wait_for
 def test_every_run_on_a_gpu_logs_to_the_checks_experiment_single_at_defaults_too():
     """single_defaults once went to params.yaml's experiment: 6 runs counted for 7 stages."""
     runs = planned_runs(list(NAMES), "cuda", SIZES["cuda"], real_data=True)
-    assert list(runs) == [*NAMES, "single_defaults", "single_again"]
+    two = ["ddp_2ranks", "fsdp_2ranks", "pipeline_parallel_2ranks"]
+    assert list(runs) == [*NAMES, "single_defaults", *two, "single_again"]
     assert runs["single_again"] == runs["single"]  # the A/A repeat, last
+    # 2 ranks sharing the one GPU: the device named twice (issue 48)
+    assert runs["ddp_2ranks"][1][:2] == ["devices=0,0", "ddp.nproc=2"]
+    assert runs["pipeline_parallel_2ranks"][1][:3] == [
+        "devices=0,0",
+        "pipeline_parallel.stages=2",
+        "pipeline_parallel.nproc=2",
+    ]
     assert runs["single_defaults"] == (
         "single",
         ["devices=0", "train.epochs=2", f"mlflow.experiment={EXPERIMENT}"]
@@ -48,7 +56,9 @@ def test_the_cpu_run_has_no_defaults_row_and_limits_only_the_real_data():
         + ["train.epochs=2", "train.eval_batch_size=64", "train.channels_last=false"]
         + [f"mlflow.experiment={EXPERIMENT}"],
     )
-    assert list(runs) == ["single", "fsdp", "single_again"]  # the A/A repeat, last
+    # 2 processes on the CPU, then the A/A repeat, last
+    assert list(runs) == ["single", "fsdp", "fsdp_2ranks", "single_again"]
+    assert runs["fsdp_2ranks"][1][:2] == ["devices=cpu", "fsdp.nproc=2"]
     real = planned_runs(["single"], "cpu", SIZES["cpu"], real_data=True)
     assert real["single"][1][-2:] == ["data.limit_train=512", "data.limit_test=128"]
 
