@@ -324,7 +324,9 @@ class Config:
     """Seeds weights, data order and augmentation, identically for every strategy
     (0 to 4294967295)."""
     devices: str = "auto"
-    """auto (every visible GPU, else CPU) | cpu | "0" | "0,3": the list picks the GPUs."""
+    """auto (every visible GPU, else CPU) | cpu | "0" | "0,3": the list picks the GPUs; a GPU
+    named twice ("0,0") holds two ranks (or replicas): each rank's memory is real, their time
+    is turns on one device and is not ranked (rehearsing N GPUs on one)."""
     strategies: list[str] = field(
         default_factory=lambda: ["single"], metadata={"nonempty": True, "unique": True}
     )

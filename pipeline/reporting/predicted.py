@@ -155,7 +155,8 @@ def memory_line(predicted: dict[str, Any]) -> str | None:
         "is its process's RSS, torch itself included, so none stands beside it."
         if predicted["device"] == "cpu"
         else "On a GPU it is the allocator's peak over the step; not yet checked against "
-        "real ranks on one device (that needs gpu-check's shared-device runs): unchecked."
+        "real ranks sharing one GPU (benchmarks/memory_check.py --device cuda has not run on "
+        "one): unchecked."
     )
     missing = f" Not predicted yet: {', '.join(unpredicted)}'s." if unpredicted else ""
     return (
