@@ -678,6 +678,27 @@ def main(argv: list[str] | None = None) -> dict:
     checks = [check_replicas(device)]
     rows: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}  # row -> how its stage failed
+    out = args.out or REPO / "benchmarks" / "results" / f"gpu-check-{label}-{date.today()}.json"
+    head = {
+        "machine": label,
+        "info": info,
+        "date": date.today().isoformat(),
+        "device": args.device,
+        "data": data,
+        "settings": {"size": size.__dict__, "runs": {k: v[1] for k, v in runs.items()}},
+    }
+
+    def save(table: dict[str, dict], finished: bool) -> dict[str, Any]:
+        """The JSON as far as it got: after every stage, so that a run cut off by a device
+        call's time limit still reports the stages it finished ("finished": false)."""
+        result = {**head, "finished": finished, "checks": checks, "rows": table}
+        result["failures"] = failures
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".json.tmp")
+        partial.write_text(json.dumps(result, indent=1) + "\n")
+        partial.replace(out)
+        return result
+
     with tempfile.TemporaryDirectory(prefix="parallel-lab-gpu-check-") as tmp:
         if mirror is None:
             mirror = Path(tmp) / "mirror"
@@ -709,6 +730,7 @@ def main(argv: list[str] | None = None) -> dict:
             found["stage_seconds"] = seconds
             rows[row] = found
             print(f"gpu-check: {row}: {seconds:.1f} s", flush=True)
+            save(measure(rows, size, device), finished=False)
         checks.append(
             check(
                 "stages",
@@ -719,27 +741,16 @@ def main(argv: list[str] | None = None) -> dict:
         )
         checks += check_runs(rows, expected, device)
         checks.append(check_mlflow(uri, rows))
+        table = measure(rows, size, device)
+        checks.append(check_null(rows, table, device))
+        checks.append(check_shared(rows, device))
+        save(table, finished=False)
         if "dp" in args.strategies:  # after mlflow_runs: its run is FAILED, by design
             checks.append(check_did_not_fit(project, env, device, size, args.stage_timeout))
+            save(table, finished=False)
         if args.device == "cuda":  # the CPU's parity tests train these pairs (test_parity.py)
             checks.append(check_shared_fp64(project, env, args.stage_timeout))
-    table = measure(rows, size, device)
-    checks.append(check_null(rows, table, device))
-    checks.append(check_shared(rows, device))
-    result = {
-        "machine": label,
-        "info": info,
-        "date": date.today().isoformat(),
-        "device": args.device,
-        "data": data,
-        "settings": {"size": size.__dict__, "runs": {k: v[1] for k, v in runs.items()}},
-        "checks": checks,
-        "rows": table,
-        "failures": failures,
-    }
-    out = args.out or REPO / "benchmarks" / "results" / f"gpu-check-{label}-{result['date']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    result = save(table, finished=True)
     print(render(result))
     print(f"gpu-check: wrote {out}")
     if not all(c["ok"] for c in checks):

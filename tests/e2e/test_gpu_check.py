@@ -70,6 +70,7 @@ def test_the_cpu_run_passes_every_check_and_measures_every_strategy(tmp_path):
     proc = gpu_check(*args, python=python, path=path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
+    assert result["finished"] is True  # rewritten after every stage, finished at the end
     assert {c["check"] for c in result["checks"] if c["ok"]} == CHECKS
     for name in CHECKS:
         assert f"gpu-check: PASS {name}:" in proc.stdout
@@ -137,3 +138,17 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
         "pipeline_parallel_2ranks failed; single_again failed" in proc.stdout
     )
     assert result["rows"] == {}
+
+
+def test_the_shared_device_probe_runs_every_operation_with_two_ranks_on_one_device():
+    """What gloo must carry where ranks share a GPU, asked of the CPU here (CUDA tensors on a
+    GPU: benchmarks/gpu_session.sh)."""
+    cmd = [sys.executable, "-m", "benchmarks.shared_device_probe", "--device", "cpu"]
+    proc = subprocess.run(
+        [*cmd, "--ranks", "2"], cwd=REPO, text=True, capture_output=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    said = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert len(said) == 7 and all(": ok" in line for line in said), said
+    assert "all_reduce: ok 3 (expected 3)" in proc.stdout
+    assert "gradients equal on every rank: True" in proc.stdout
