@@ -10,7 +10,8 @@ sharing this CPU's cores (link auto: gloo between them, measured here). Writes
 predictions/<strategy>.json for each (the compare stage's report shows them, marked
 predicted) and prints a table per N; single's holds the baseline every speedup divides, its
 step on one device measured the same way. Each figure carries the error band its model was
-checked to on real runs (pipeline/scaling/checked.py); dp and balanced_dp are not predicted.
+checked to on real runs (pipeline/scaling/checked.py); dp's and balanced_dp's have none (on a
+CPU only their memory is predicted: DataParallel runs unsplit there).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pipeline.errors import exit_on_user_error
 from pipeline.files import atomic_write
 from pipeline.reporting.predicted import combine, text
 from pipeline.results import PREDICTIONS, read_predictions
-from pipeline.scaling.checked import NONE_ASKED, NOT_PREDICTED, not_predicted_document
+from pipeline.scaling.checked import NONE_ASKED, not_predicted_document
 from pipeline.scaling.links import check_link
 from pipeline.strategies import check_names
 
@@ -40,9 +41,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     check_names(names)
     check_link(cfg.predict.link)  # bad input answers before torch loads
     PREDICTIONS.mkdir(exist_ok=True)
-    for name in [n for n in names if n in NOT_PREDICTED]:  # why not, without torch
-        write(name, not_predicted_document(name))
-    measured = [n for n in names if n not in NOT_PREDICTED]
+    measured = names
     if not cfg.predict.gpus:  # none asked for: said so, without torch
         for name in measured:
             write(name, not_predicted_document(name, NONE_ASKED))

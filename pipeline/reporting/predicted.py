@@ -114,6 +114,14 @@ def footer(predicted: dict[str, Any]) -> list[str]:
         if by_name and not predicted_at(by_name)
     ]
     lines += [f"{name}: {why}" for name, why in predicted["not_predicted"].items()]
+    lines += sorted(
+        {
+            f"{name}: {row['time_not_predicted']}"
+            for rows in predicted["by_devices"].values()
+            for name, row in rows.items()
+            if "time_not_predicted" in row
+        }
+    )
     bands = {
         name: row["checked"]
         for rows in predicted["by_devices"].values()
@@ -162,13 +170,19 @@ def memory_line(predicted: dict[str, Any]) -> str | None:
     return (
         f"Peak MiB per device (predicted): the busiest rank's training step at its peak, "
         f"stepped by the strategy's own code at world size N (rank 0, and FSDP's last rank), "
-        f"plus the {data:.0f} MiB of data every device holds. {checked}{missing}"
+        f"plus the {data:.0f} MiB of data every device holds (DataParallel's: device 0 "
+        f"only). dp and balanced_dp: each device's share of the batch stepped as the whole "
+        f"model, device 0 holding the optimizer state and the gathered outputs, the others "
+        f"a replica; no real multi-GPU run has checked it: unchecked. {checked}{missing}"
     )
 
 
 def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]:
     if "not_predicted" in row:
         return [row["strategy"], row["not_predicted"], "", "", "", "", "", ""]
+    if "predicted_epoch_s" not in row:  # its memory alone (DataParallel on a CPU): footer
+        devices = str(row["devices_used"])
+        return [row["strategy"], devices, "not predicted", "", "", "", peak_cell(row), ""]
     band = f"±{row['band']:.0%}" if row.get("band") is not None else "unchecked"
     measured = "" if checked is None else f"{checked[1]:.2f} ({checked[0] / checked[1] - 1:+.0%})"
     speedup = row.get("predicted_speedup")
@@ -197,7 +211,9 @@ HEADER = [
 
 
 def predicted_at(by_name: dict[str, Any]) -> bool:
-    return any("predicted_epoch_s" in row for row in by_name.values())
+    return any(
+        "predicted_epoch_s" in row or "predicted_peak_mib" in row for row in by_name.values()
+    )
 
 
 def tables(

@@ -15,13 +15,9 @@ from typing import Any
 
 from pipeline.results import PREDICTED
 
-# what a predict stage measures; the others' documents say why not, without loading torch
-PREDICTABLE = ("single", "ddp", "fsdp", "pipeline_parallel")
-THREADS = "not predicted: DataParallel's threads (scatter, replicate, gather) are not modelled"
-NOT_PREDICTED = {"dp": THREADS, "balanced_dp": THREADS}
-
 CHECKED_BY = "benchmarks/results/cpu2-amd-epyc-scaling-check-2026-11-27.json"
-# strategy -> the largest |error| of its rounds (a fraction)
+# strategy -> the largest |error| of its rounds (a fraction). dp and balanced_dp have none:
+# DataParallel runs unsplit on a CPU, and no real multi-GPU run has checked them
 BAND = {"single": 0.18, "ddp": 0.34, "fsdp": 0.26, "pipeline_parallel": 0.05}
 UNCHECKED_ON_GPUS = "unchecked on GPUs: no multi-GPU run has checked the overlap model yet"
 
@@ -37,7 +33,6 @@ def band_text(strategy: str, on_gpu: bool) -> str:
 NONE_ASKED = "not predicted: predict.gpus is empty"
 
 
-def not_predicted_document(name: str, why: str | None = None) -> dict[str, Any]:
-    """The document of a strategy not predicted: why not (by default, that no model here
-    predicts it)."""
-    return {"kind": PREDICTED, "strategy": name, "not_predicted": why or NOT_PREDICTED[name]}
+def not_predicted_document(name: str, why: str) -> dict[str, Any]:
+    """The document of a strategy not predicted: why not."""
+    return {"kind": PREDICTED, "strategy": name, "not_predicted": why}

@@ -3,9 +3,13 @@
 makes of that step. single, on one device at any N, is measured the same way: the baseline
 of every speedup (reporting/predicted.py divides).
 
-Not predicted (checked.NOT_PREDICTED): dp and balanced_dp, whose one process drives every GPU
-through threads (scatter, replicate, gather, and Python's lock between the replicas); their
-time at N would need a model no run here can check (on a CPU DataParallel runs unsplit)."""
+dp and balanced_dp, whose one process drives every GPU as DataParallel replicas: each
+device's share of a forward measured here as the whole model at that share (the strategy's
+own split, balanced_dp's gpu0_bsz included), their scatter, replicate, gather and gradient
+reduce modelled (step_time.replicated_step), and each device's memory built from its share's
+peak: device 0 also holds the optimizer state, the gathered outputs and the data. On a CPU
+DataParallel runs unsplit, so there only their memory is predicted (REPLICAS_ON_A_CPU); on a
+GPU their time too. No real multi-GPU run has checked either (checked.BAND has no band)."""
 
 from __future__ import annotations
 
@@ -22,11 +26,25 @@ from pipeline.scaling.links import Link
 from pipeline.scaling.profile import (
     RankMemory,
     RankProfile,
+    ReplicaProfile,
     measure_rank,
+    measure_replicas,
     measure_stages,
+    replica_split,
     stage_memories,
 )
-from pipeline.scaling.step_time import StepPrediction, data_parallel_step, pipeline_step
+from pipeline.scaling.step_time import (
+    BROADCAST,
+    GATHER,
+    REDUCE,
+    SCATTER,
+    Call,
+    StepPrediction,
+    Traffic,
+    data_parallel_step,
+    pipeline_step,
+    replicated_step,
+)
 
 # A data-parallel rank's backward, the window DDP's bucket all-reduces hide behind on a GPU:
 # about two thirds of a step's computation (a backward costs about twice its forward).
@@ -41,6 +59,10 @@ LEAVES_OUT = (
 
 
 MIB = 2**20
+REPLICAS_ON_A_CPU = (
+    "time not predicted on a CPU: DataParallel runs unsplit there, so nothing here times its "
+    "replicas side by side; a GPU's predict stage predicts it (unchecked)"
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +79,9 @@ class DataSize:
 
 
 def peak_mib(memory: RankMemory, data: DataSize) -> float:
-    """A rank's training peak on its device: its step's (profile.RankMemory) and the data."""
-    return (memory.step_bytes + data.resident_bytes) / MIB
+    """A rank's training peak on its device: its step's (profile.RankMemory) and the data,
+    where it keeps the data."""
+    return (memory.step_bytes + (data.resident_bytes if memory.holds_data else 0)) / MIB
 
 
 @dataclass(frozen=True)
@@ -66,10 +89,10 @@ class Prediction:
     strategy: str
     asked: int  # the N the user asked about
     devices: int  # how many of them the strategy uses (a pipeline: its stages)
-    step: StepPrediction
+    step: StepPrediction | None  # None: its time is not predicted here (REPLICAS_ON_A_CPU)
     steps_per_epoch: int
-    epoch_s: float
-    samples_per_s: float
+    epoch_s: float | None
+    samples_per_s: float | None
     per_rank_batch: int
     data: DataSize
     memory: tuple[RankMemory, ...]  # the ranks' steps at their peaks; () where not predicted
@@ -88,29 +111,87 @@ class Prediction:
         }
 
     def to_json(self) -> dict[str, Any]:
+        step = self.step
+        timing = (
+            {"time_not_predicted": REPLICAS_ON_A_CPU}
+            if step is None
+            else {
+                "predicted_step_s": step.step_s,
+                "predicted_epoch_s": self.epoch_s,
+                "predicted_samples_per_s": self.samples_per_s,
+                "compute_s": step.compute_s,
+                "communication_s": step.comm_s,
+                "exposed_communication_s": step.exposed_s,
+                "bubble_s": step.bubble_s,
+            }
+        )
         return {
             "strategy": self.strategy,
             "devices_asked": self.asked,
             "devices_used": self.devices,
-            "predicted_step_s": self.step.step_s,
-            "predicted_epoch_s": self.epoch_s,
-            "predicted_samples_per_s": self.samples_per_s,
-            "compute_s": self.step.compute_s,
-            "communication_s": self.step.comm_s,
-            "exposed_communication_s": self.step.exposed_s,
-            "bubble_s": self.step.bubble_s,
+            **timing,
             "per_rank_batch": self.per_rank_batch,
             "steps_per_epoch": self.steps_per_epoch,
             **self.memory_json(),
         }
 
 
+def replica_traffic(profile: ReplicaProfile) -> Traffic:
+    """What one DataParallel forward and its backward move, each call blocking."""
+    return Traffic(
+        (
+            Call(SCATTER, profile.input_bytes, overlappable=False),
+            Call(BROADCAST, profile.parameter_bytes, overlappable=False),
+            Call(GATHER, profile.output_bytes, overlappable=False),
+            Call(REDUCE, profile.parameter_bytes, overlappable=False),
+        )
+    )
+
+
+STATES = ("Parameter", "Buffer", "Gradient", "Optstate")  # MemTracker's kinds of a module's
+
+
+def replica_memories(profile: ReplicaProfile) -> tuple[RankMemory, ...]:
+    """Each device's training peak as DataParallel holds it (device 0 first): its share's
+    forward and backward at their peak (the module's states and the share's activations);
+    device 0 also the optimizer state, every replica's output gathered and the run's data; each
+    other device a replica (the parameters broadcast, their gradients until the reduce), with
+    no optimizer state and no data. A device with no share (balanced_dp's gpu0_bsz 0) holds
+    only the states."""
+    any_share = next(iter(profile.memory.values()))
+    out = []
+    for i, share in enumerate(profile.shares):
+        tensors = (
+            dict(profile.memory[share]) if share > 0 else {k: any_share.get(k, 0) for k in STATES}
+        )
+        if i == 0:
+            tensors["Gathered output"] = profile.output_bytes
+        else:
+            tensors["Optstate"] = 0
+        tensors["Total"] = sum(v for k, v in tensors.items() if k != "Total")
+        out.append(RankMemory(i, tensors, None, holds_data=i == 0))
+    return tuple(out)
+
+
 def predict_step(
     spec: RunSpec[Any], n: int, link: Link, device: torch.device, seconds: float
-) -> tuple[int, StepPrediction, int, tuple[RankMemory, ...]]:
+) -> tuple[int, StepPrediction | None, int, tuple[RankMemory, ...]]:
     """(devices used, the step predicted, the per-rank batch, the ranks' step memory: each
-    role's rank, every stage of a pipeline) of `spec` asked to run on n."""
+    role's rank, every stage of a pipeline, every device of DataParallel's) of `spec` asked
+    to run on n; the step None where its time is not predicted (REPLICAS_ON_A_CPU)."""
     overlaps = device.type == "cuda"
+    split = replica_split(spec.name)
+    if split is not None:  # one process driving n devices as DataParallel replicas
+        shares = split(spec.options, spec.plan, n)
+        replicas = measure_replicas(spec, shares, device, seconds)
+        step = None
+        if device.type == "cuda":
+            share_s = [replicas.share_s.get(share, 0.0) for share in shares]
+            traffic = replica_traffic(replicas)
+            step = replicated_step(
+                share_s, replicas.optimizer_s, traffic, n, link, spec.plan.grad_accum
+            )
+        return n, step, max(shares), replica_memories(replicas)
     if spec.name == "pipeline_parallel":
         stages = spec.options.stages
         if n < stages:
@@ -141,7 +222,7 @@ def predict(
     """`spec`'s epoch of `data` on n devices; its steps timed for `seconds`."""
     devices, step, per_rank, memory = predict_step(spec, n, link, device, seconds)
     plan = spec.job_plan(devices, data.train)
-    epoch_s = plan.steps * step.step_s
+    epoch_s = None if step is None else plan.steps * step.step_s
     return Prediction(
         strategy=spec.name,
         asked=n,
@@ -149,7 +230,7 @@ def predict(
         step=step,
         steps_per_epoch=plan.steps,
         epoch_s=epoch_s,
-        samples_per_s=plan.samples_per_epoch / epoch_s,
+        samples_per_s=None if epoch_s is None else plan.samples_per_epoch / epoch_s,
         per_rank_batch=per_rank,
         data=data,
         memory=memory,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
+import math
 import os
 import statistics
 import time
@@ -43,7 +44,7 @@ from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training, build_training
 from pipeline.numerics.optim import make_optimizer
 from pipeline.numerics.precision import build_precision
-from pipeline.resnet import block_flops, build_model
+from pipeline.resnet import INPUT_SHAPE, block_flops, build_model
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Call, Traffic
 from pipeline.training.trainer import Trainer
@@ -74,6 +75,7 @@ class RankMemory:
     rank: int
     tensors: dict[str, int]  # bytes
     allocator: int | None  # bytes, the profile's own small data set left out; None on a CPU
+    holds_data: bool = True  # keeps the run's data on its device (DataParallel: GPU 0 only)
 
     @property
     def step_bytes(self) -> int:
@@ -99,6 +101,20 @@ class StageProfile:
     stage_s: list[float]  # forward and backward of one micro-batch, per stage
     boundary_bytes: list[int]  # the activations stage i sends to stage i+1
     optimizer_s: float  # the largest stage's optimizer step
+
+
+@dataclass(frozen=True)
+class ReplicaProfile:
+    """dp's or balanced_dp's replicas, one per device, each at its share of one forward's
+    micro-batch (device 0 first): what one process driving N devices computes and moves."""
+
+    shares: list[int]
+    share_s: dict[int, float]  # a share's forward and backward of the whole model
+    optimizer_s: float  # device 0's optimizer step
+    memory: dict[int, dict[str, int]]  # a share's forward and backward at its peak, by kind
+    parameter_bytes: int  # what replicate broadcasts (buffers too) and the backward reduces
+    input_bytes: int  # the micro-batch as the model takes it, scattered from device 0
+    output_bytes: int  # every replica's output, gathered to device 0
 
 
 class SentLog(TorchDispatchMode):
@@ -250,15 +266,19 @@ def one_rank(
         training.run.release()
 
 
-def step_memory(rank: BuiltRank, device: torch.device) -> RankMemory:
-    """One more step of a warmed-up rank, at its peak: MemTracker follows every tensor it
-    makes and the module's parameters, gradients and optimizer states from before; on a GPU
-    the allocator's peak is read over the same step, its data set left out."""
+def tensors_at_peak(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: Callable[[], None],
+    device: torch.device,
+) -> dict[str, int]:
+    """MemTracker's peak over one `step`, by kind ("Parameter", "Gradient", "Optstate",
+    "Activation", "Temp", ..., "Total"): every tensor it makes, and the module's parameters,
+    gradients and optimizer states from before."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
-    module = rank.training.run.module
-    tracker.track_external(module, rank.training.optimizer)
+    tracker.track_external(module, optimizer)
 
     def one_call_at_a_time(called: torch.nn.Module, args: object) -> None:
         # MemTracker keeps one call's statistics per module, and refuses a second forward of
@@ -269,20 +289,27 @@ def step_memory(rank: BuiltRank, device: torch.device) -> RankMemory:
 
     # registered before the tracker's own hooks, so that it runs before them
     hook = torch.nn.modules.module.register_module_forward_pre_hook(one_call_at_a_time)
+    try:
+        with tracker:
+            step()
+    finally:
+        hook.remove()
+    peak = next(v for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device.type)
+    return {getattr(k, "value", str(k)): n for k, n in peak.items()}
+
+
+def step_memory(rank: BuiltRank, device: torch.device) -> RankMemory:
+    """One more step of a warmed-up rank, at its peak (`tensors_at_peak`); on a GPU the
+    allocator's peak is read over the same step, its data set left out."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    try:
-        with tracker:
-            rank.step()
-    finally:
-        hook.remove()
+    module, optimizer = rank.training.run.module, rank.training.optimizer
+    tensors = tensors_at_peak(module, optimizer, rank.step, device)
     allocator = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         allocator = torch.cuda.max_memory_allocated(device) - rank.data_bytes
-    peak = next(v for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device.type)
-    tensors = {getattr(k, "value", str(k)): n for k, n in peak.items()}
     return RankMemory(dist.get_rank(), tensors, allocator)
 
 
@@ -343,6 +370,53 @@ def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:
     module = importlib.import_module(f"pipeline.strategies.{name}")
     split: Callable[[list[int], int], list[int]] = module.split_points
     return split
+
+
+def replica_split(name: str) -> Callable[[Any, Any, int], list[int]] | None:
+    """The strategy's own split of a forward's micro-batch over n devices where one process
+    drives them as DataParallel replicas (its `replica_shares`), else None; its module loaded
+    by name, as `pipeline_split` loads it."""
+    module = importlib.import_module(f"pipeline.strategies.{name}")
+    return getattr(module, "replica_shares", None)
+
+
+def measure_replicas(
+    spec: RunSpec[Any], shares: list[int], device: torch.device, seconds: float = TIMED_S
+) -> ReplicaProfile:
+    """Each distinct share of `shares`: the whole model's forward and backward at it, timed
+    on this device and at its peak (`tensors_at_peak`), after a first step that makes the
+    gradients and the optimizer's states; and device 0's optimizer step."""
+    prec = build_precision(spec.train.precision, device, [None])
+    model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
+    model.train()
+    optimizer = make_optimizer(model.parameters(), spec.train)
+    share_s, memory = {}, {}
+    sample_out = [0]  # one sample's output bytes (its logits, in the autocast dtype)
+    for share in sorted({s for s in shares if s > 0}):
+        images, labels = synthetic_split(share, seed=1)
+        x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(device, prec.dtype)
+        y = torch.as_tensor(labels).long().to(device)
+
+        def fwd_bwd(x: torch.Tensor = x, y: torch.Tensor = y) -> None:
+            with prec.autocast():
+                out = model(x)
+            sample_out[0] = out[0].numel() * out.element_size()
+            F.cross_entropy(out.float(), y).backward()
+
+        fwd_bwd()
+        optimizer.step()
+        share_s[share] = timed(fwd_bwd, device, seconds)
+        memory[share] = tensors_at_peak(model, optimizer, fwd_bwd, device)
+    state = itertools.chain(model.parameters(), model.buffers())
+    return ReplicaProfile(
+        shares=list(shares),
+        share_s=share_s,
+        optimizer_s=timed(optimizer.step, device, seconds),
+        memory=memory,
+        parameter_bytes=sum(t.numel() * t.element_size() for t in state),
+        input_bytes=sum(shares) * math.prod(INPUT_SHAPE) * torch.finfo(prec.dtype).bits // 8,
+        output_bytes=sum(shares) * sample_out[0],
+    )
 
 
 def measure_stages(

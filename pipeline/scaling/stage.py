@@ -18,11 +18,11 @@ from pipeline.errors import UserError
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.checked import BAND, NOT_PREDICTED, PREDICTABLE, band_text
+from pipeline.scaling.checked import BAND, band_text
 from pipeline.scaling.gloo_link import measure_gloo_link
 from pipeline.scaling.links import PRESETS, Link, check_link
 from pipeline.scaling.prediction import LEAVES_OUT, DataSize, predict
-from pipeline.scaling.profile import measure_rank
+from pipeline.scaling.profile import measure_rank, replica_split
 
 # Fashion-MNIST's training and test sets, where the fetch stage has not run
 FULL_TRAIN, FULL_TEST = 60000, 10000
@@ -78,8 +78,6 @@ def predict_strategy(
 ) -> dict[str, Any]:
     """`name`'s document: its epoch at each N of predict.gpus (single: the baseline).
     `link`: the link, measured or read the first time it is called (single needs none)."""
-    if name not in PREDICTABLE:
-        raise ValueError(f"{name}: {NOT_PREDICTED.get(name, 'not predicted')}")
     data = data_size(cfg)
     doc: dict[str, Any] = {
         "kind": PREDICTED,  # every figure of it is a prediction, never a measurement
@@ -111,7 +109,8 @@ def predict_strategy(
         "source": given.source,
     }
     for n in cfg.predict.gpus:
-        if too_many_processes(device, n):
+        # DataParallel's one process times nothing on a CPU (prediction.REPLICAS_ON_A_CPU)
+        if too_many_processes(device, n) and replica_split(name) is None:
             why = f"this CPU's {os.cpu_count()} cores: at most {os.cpu_count()} processes"
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": why}
             continue

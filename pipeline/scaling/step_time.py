@@ -13,6 +13,10 @@ What overlaps the computation:
 - on a CPU, the ranks' threads already take every core, and gloo's transfers take cores of
   their own: nothing overlaps (what the 2-core check measures).
 
+DataParallel (dp, balanced_dp): one process, each forward a scatter, a broadcast of the
+parameters, the replicas' computation, a gather and, in the backward, a reduce of the
+gradients onto device 0, one after the other (`replicated_step`); unchecked on real GPUs.
+
 A pipeline of p stages over m micro-batches: each stage runs its m forwards and backwards,
 and the whole step waits for the slowest stage across the fill and the drain (GPipe and
 1F1B alike): (m + p - 1) x the slowest stage's time per micro-batch, a send of its
@@ -27,6 +31,10 @@ from pipeline.scaling.links import Link
 
 # kinds of collective -> (steps, fraction of the message each rank moves), for n ranks
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, SEND = "all_reduce", "all_gather", "reduce_scatter", "send"
+# DataParallel's, from and to device 0: its scatter of the inputs and gather of the outputs
+# (device 0's link carries the other devices' chunks), replicate's broadcast of the parameters
+# and the backward's reduce of their gradients (nccl-tests: busbw = algbw for both)
+SCATTER, GATHER, BROADCAST, REDUCE = "scatter", "gather", "broadcast", "reduce"
 
 
 def moved(kind: str, size: int, n: int) -> tuple[int, float]:
@@ -37,8 +45,10 @@ def moved(kind: str, size: int, n: int) -> tuple[int, float]:
         return 0, 0.0
     if kind == ALL_REDUCE:
         return 2 * (n - 1), 2 * (n - 1) / n * size
-    if kind in (ALL_GATHER, REDUCE_SCATTER):
+    if kind in (ALL_GATHER, REDUCE_SCATTER, SCATTER, GATHER):
         return n - 1, (n - 1) / n * size
+    if kind in (BROADCAST, REDUCE):
+        return n - 1, float(size)
     raise ValueError(f"unknown collective {kind!r}")
 
 
@@ -93,6 +103,22 @@ def data_parallel_step(
         exposed = sum(hideable)
     return StepPrediction(
         compute_s + blocking + exposed, compute_s, blocking + sum(hideable), blocking + exposed
+    )
+
+
+def replicated_step(
+    share_s: list[float], optimizer_s: float, traffic: Traffic, n: int, link: Link, grad_accum: int
+) -> StepPrediction:
+    """dp, balanced_dp: one process drives n devices, each forward in turn: the micro-batch
+    scattered from device 0, the parameters broadcast to every replica, the replicas run side
+    by side (the forward waits for the slowest share: `share_s`, each device's forward and
+    backward, measured), their outputs gathered to device 0, their gradients reduced onto it
+    in the backward; then device 0's optimizer step. Nothing overlaps: DataParallel's threads
+    meet after every phase. `traffic`: one forward's, every call blocking."""
+    comm = sum(traffic.seconds(n, link, overlappable=False))
+    compute = grad_accum * max(share_s) + optimizer_s
+    return StepPrediction(
+        compute + grad_accum * comm, compute, grad_accum * comm, grad_accum * comm
     )
 
 

@@ -60,6 +60,12 @@ def nproc(options: BalancedDpConfig, plan: BatchPlan, n_gpus: int) -> int:
     return 1  # one process drives all devices
 
 
+def replica_shares(options: BalancedDpConfig, plan: BatchPlan, n_devices: int) -> list[int]:
+    """Each of n devices' share of one forward's micro-batch, GPU 0's its gpu0_bsz share (as
+    dp's where auto has not decided it)."""
+    return balanced_split(plan.micro, n_devices, gpu0_per_forward(options, plan))
+
+
 def gpu0_per_forward(options: BalancedDpConfig, plan: BatchPlan) -> Optional[int]:
     """GPU 0's samples in each forward: balanced_dp.gpu0_bsz (per optimizer step) divided
     over the train.grad_accum forwards of the step. None: an even split (or auto, unresolved)."""

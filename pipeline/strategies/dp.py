@@ -55,6 +55,12 @@ def parallelize(
     )
 
 
+def replica_shares(options: DpConfig, plan: BatchPlan, n_devices: int) -> list[int]:
+    """Each of n devices' share of one forward's micro-batch, device 0 first: what the
+    predict stage measures a replica at (pipeline/scaling/profile.py measure_replicas)."""
+    return dp_split(plan.micro, n_devices)
+
+
 def device_names(ctx: DistContext) -> list[str]:
     return [f"cuda:{i}" for i in ctx.slots] or [str(ctx.device)]
 

@@ -179,7 +179,12 @@ def test_the_predictions_are_a_section_of_their_own_and_named_so_in_mlflow(proje
     rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines()[5:]}
     assert {"ddp", "fsdp", "pipeline_parallel"} <= set(rows)
     assert all(re.search(r"\(([+-]\d+)%\) \|$", rows[n]) for n in ("ddp", "fsdp"))
-    assert "dp: not predicted" in section and "balanced_dp: not predicted" in section
+    # DataParallel on a CPU: each device's memory predicted, its time not, and why
+    for name in ("dp", "balanced_dp"):
+        assert re.search(r"\| 2 \| not predicted \|  \|  \|  \| \d+ \|  \|$", rows[name]), rows[
+            name
+        ]
+        assert f"{name}: time not predicted on a CPU: DataParallel runs unsplit there" in section
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tests")
     (parent,) = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'comparison'")
@@ -187,7 +192,7 @@ def test_the_predictions_are_a_section_of_their_own_and_named_so_in_mlflow(proje
         f"predicted_2dev_{name}_{figure}"
         for name in ("ddp", "fsdp", "pipeline_parallel")
         for figure in ("epoch_s", "speedup", "efficiency", "peak_mib")
-    }
+    } | {f"predicted_2dev_{name}_peak_mib" for name in ("dp", "balanced_dp")}
     for name in ("fsdp", "pipeline_parallel"):  # the table's column: a pipeline's busiest stage
         peak = parent.data.metrics[f"predicted_2dev_{name}_peak_mib"]
         assert re.search(rf"\| {peak:.0f} \| [^|]*\|$", rows[name]), rows[name]

@@ -21,6 +21,7 @@ from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import resolve_run
 from pipeline.scaling import checked
 from pipeline.scaling.checked import not_predicted_document
+from pipeline.scaling.prediction import REPLICAS_ON_A_CPU
 from pipeline.scaling.profile import measure_rank, measure_stages
 from pipeline.scaling.stage import predict_strategy, the_link
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
@@ -102,11 +103,14 @@ def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, m
     )
     link = the_link(cfg, CPU)
     assert link.busbw == 12e9
-    docs = {name: predict_strategy(cfg, name, CPU, lambda: link) for name in ("single", "ddp")}
-    docs["dp"] = not_predicted_document("dp")  # written without torch (pipeline/predict.py)
+    names = ("single", "ddp", "dp")
+    docs = {name: predict_strategy(cfg, name, CPU, lambda: link) for name in names}
     assert all(doc["kind"] == "predicted" for doc in docs.values())
     assert docs["single"]["baseline_step_s"] > 0 and docs["single"]["by_devices"] == {}
-    assert "not modelled" in docs["dp"]["not_predicted"]
+    # DataParallel on a CPU: its memory predicted, its time not, and why; no band
+    dp = docs["dp"]["by_devices"]["2"]
+    assert dp["time_not_predicted"] == REPLICAS_ON_A_CPU and "predicted_epoch_s" not in dp
+    assert set(dp["predicted_peak_mib"]) == {"0", "1"} and docs["dp"]["band"] is None
     row = docs["ddp"]["by_devices"]["2"]
     figures = {"step_s", "epoch_s", "samples_per_s"}
     assert {f"predicted_{f}" for f in figures} <= set(row) and not figures & set(row)
@@ -129,7 +133,8 @@ def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, m
     assert "Peak MiB per device (predicted)" in words and "within 0.3%" in words
     assert shown["by_devices"]["2"]["ddp"]["predicted_peak_mib"] == row["predicted_peak_mib"]
     assert words.startswith("PREDICTED, not measured")
-    assert "dp: not predicted" in words and "Left out of every prediction" in words
+    assert f"dp: {REPLICAS_ON_A_CPU}" in words and "Left out of every prediction" in words
+    assert "dp                       2    not predicted" in words
 
 
 def test_the_bands_are_the_committed_checks_largest_errors():

@@ -45,7 +45,7 @@ def test_a_collective_costs_its_steps_latency_and_its_bytes_over_the_bus():
         steps * 1e-5 + volume / (10 * GB)
     )
     with pytest.raises(ValueError, match="unknown collective"):
-        moved("broadcast", 1, 2)
+        moved("alltoall", 1, 2)
 
 
 def test_without_overlap_a_rank_waits_for_all_it_sends():
