@@ -181,8 +181,8 @@ def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]
     if "not_predicted" in row:
         return [row["strategy"], row["not_predicted"], "", "", "", "", "", ""]
     if "predicted_epoch_s" not in row:  # its memory alone (DataParallel on a CPU): footer
-        devices = str(row["devices_used"])
-        return [row["strategy"], devices, "not predicted", "", "", "", peak_cell(row), ""]
+        devices, peak = str(row["devices_used"]), f"{peak_cell(row)} unchecked"
+        return [row["strategy"], devices, "not predicted on a CPU", "", "", "", peak, ""]
     band = f"±{row['band']:.0%}" if row.get("band") is not None else "unchecked"
     measured = "" if checked is None else f"{checked[1]:.2f} ({checked[0] / checked[1] - 1:+.0%})"
     speedup = row.get("predicted_speedup")

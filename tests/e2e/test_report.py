@@ -181,7 +181,7 @@ def test_the_predictions_are_a_section_of_their_own_and_named_so_in_mlflow(proje
     assert all(re.search(r"\(([+-]\d+)%\) \|$", rows[n]) for n in ("ddp", "fsdp"))
     # DataParallel on a CPU: each device's memory predicted, its time not, and why
     for name in ("dp", "balanced_dp"):
-        assert re.search(r"\| 2 \| not predicted \|  \|  \|  \| \d+ \|  \|$", rows[name]), rows[
+        assert re.search(r"\| 2 \| not predicted on a CPU \|  \|  \|  \| \d+ unchecked \|  \|$", rows[name]), rows[
             name
         ]
         assert f"{name}: time not predicted on a CPU: DataParallel runs unsplit there" in section

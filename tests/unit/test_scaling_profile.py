@@ -134,7 +134,7 @@ def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, m
     assert shown["by_devices"]["2"]["ddp"]["predicted_peak_mib"] == row["predicted_peak_mib"]
     assert words.startswith("PREDICTED, not measured")
     assert f"dp: {REPLICAS_ON_A_CPU}" in words and "Left out of every prediction" in words
-    assert "dp                       2    not predicted" in words
+    assert "dp                       2 not predicted on a CPU" in words
 
 
 def test_the_bands_are_the_committed_checks_largest_errors():
