@@ -180,10 +180,9 @@ def test_the_predictions_are_a_section_of_their_own_and_named_so_in_mlflow(proje
     assert {"ddp", "fsdp", "pipeline_parallel"} <= set(rows)
     assert all(re.search(r"\(([+-]\d+)%\) \|$", rows[n]) for n in ("ddp", "fsdp"))
     # DataParallel on a CPU: each device's memory predicted, its time not, and why
+    cpu_row = r"\| 2 \| not predicted on a CPU \|  \|  \|  \| \d+ unchecked \|  \|$"
     for name in ("dp", "balanced_dp"):
-        assert re.search(r"\| 2 \| not predicted on a CPU \|  \|  \|  \| \d+ unchecked \|  \|$", rows[name]), rows[
-            name
-        ]
+        assert re.search(cpu_row, rows[name]), rows[name]
         assert f"{name}: time not predicted on a CPU: DataParallel runs unsplit there" in section
     client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("tests")
