@@ -119,14 +119,17 @@ class TrainConfig:
     CUDA graph, the fastest setting on a GPU, where at batch 256 this model is bound by the
     host launching kernels (docs/performance.md); fsdp compiles in the default mode instead.
     No effect on the CPU."""
-    cuda_graph: str = field(default="none", metadata={"choices": ("none", "step")})
-    """none | step: capture the whole training step (forward, loss, backward, optimizer step)
+    cuda_graph: str = field(default="auto", metadata={"choices": ("auto", "none", "step")})
+    """auto | none | step. auto: on a GPU, what a GPU measurement chose for the strategy
+    (pipeline/numerics/speed_defaults.py: step for single, measured on an H200; none for the
+    strategies not measured yet), none on the CPU. step: capture the whole training step
+    (forward, loss, backward, optimizer step)
     as one CUDA graph after 11 eager steps, then replay it every step
     (pipeline/numerics/graphed_step.py). Applies on a GPU, in a one-process job on one device
     (single; dp and balanced_dp on one GPU; ddp at world size 1), without gradient
     accumulation or fp16's loss scaler, in fp32, tf32 or bf16; elsewhere the run trains eagerly
     and its notes say why. Replaces compile's own CUDA graphs (reduce-overhead compiles in the
-    default mode under it). Unmeasured on a GPU so far (docs/performance.md)."""
+    default mode under it). docs/performance.md has what was measured."""
     lr_schedule: str = field(default="none", metadata={"choices": ("none", "cosine", "onecycle")})
     """none | cosine (linear warm-up, cosine decay to 0) | onecycle (OneCycleLR's shape), per
     optimizer step; the peak is the effective lr (pipeline/numerics/optim.py)."""

@@ -27,6 +27,7 @@ from pipeline.numerics.precision import (
     gpu_capability,
     job_capabilities,
 )
+from pipeline.numerics.speed_defaults import cuda_graph_choice
 from pipeline.numerics.torch_compile import compile_forward, graph_step_marker, mode_that_runs
 from pipeline.resnet import build_model
 from pipeline.run_spec import RunSpec
@@ -91,7 +92,10 @@ def build_training(
     """`plan`: the batch over this job's ranks (`RunSpec.job_plan`). `raw_dir`: the fetched
     IDX files, which data.loader=dataloader reads via torchvision. A strategy with a last
     step of its own before training (`run.at_start`) takes it in `Training.started`."""
-    device, facts, train = ctx.device, spec.facts, spec.train
+    device, facts = ctx.device, spec.facts
+    # what `auto` settings mean on this device for this strategy (speed_defaults.py)
+    graph_asked, auto_notes = cuda_graph_choice(spec.train.cuda_graph, spec.name, device.type)
+    train = replace(spec.train, cuda_graph=graph_asked)
     # one precision for the job, which every rank computes its gradients in (a collective)
     capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
     prec = build_precision(train.precision, device, capabilities)
@@ -104,6 +108,7 @@ def build_training(
     graphed, mode, graph_notes = step_graph(
         train, facts.cuda_graphs, device, ctx.world_size, run.devices, prec.name
     )
+    graph_notes = [*auto_notes, *graph_notes]
 
     def prepare(module_forward: Optional[Forward]) -> tuple[Optional[Forward], list[str]]:
         return compile_forward(module_forward, train.compile, mode, facts.cuda_graphs)

@@ -145,7 +145,8 @@ def decide(
 
 def test_where_the_step_graph_applies_and_why_not_elsewhere():
     cfg = Config()
-    assert decide(cfg) == (False, "default", [])  # train.cuda_graph: none, the default
+    cfg.train.cuda_graph = "none"  # what auto resolves to where nothing was measured
+    assert decide(cfg) == (False, "default", [])
     cfg.train.cuda_graph, cfg.train.compile, cfg.train.compile_mode = (
         "step",
         True,

@@ -1,0 +1,47 @@
+"""`auto` speed settings: on a GPU, each strategy's fastest correct ones as a GPU measurement
+chose them (issue 49); on the CPU, what was measured there (eager steps). The one seam
+between what params.yaml asks for and what a run applies: a strategy not measured on a GPU
+yet runs eagerly there, and its notes say so, until a measurement (make gpu-check, issue 49's
+benchmarks) puts it in MEASURED_ON_GPU with its evidence.
+
+Pure: tested without a GPU (tests/unit/test_speed_defaults.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Chosen:
+    cuda_graph: str  # train.cuda_graph's value that measured fastest and trained correctly
+    evidence: str  # where, and what was measured
+
+
+MEASURED_ON_GPU = {
+    # issue 49's table, one H200 (torch 2.11, bf16, channels_last, width 64, batch 256, 10
+    # epochs): steady epoch 1.15 s with the whole step captured against 1.97 s eager, and the
+    # stage's wall 22.3 against 33.5 s (compile reduce-overhead: 0.81 s, but 44.4 s cold)
+    "single": Chosen("step", "H200: 1.15 vs 1.97 s a steady epoch, stage 22.3 vs 33.5 s"),
+}
+
+
+def cuda_graph_choice(asked: str, strategy: str, device_type: str) -> tuple[str, list[str]]:
+    """train.cuda_graph as the run applies it, and the note saying what auto chose: `asked`
+    where it is not auto; auto: on a GPU the measured choice for `strategy`, else none (on
+    the CPU quietly: nothing to choose there)."""
+    if asked != AUTO:
+        return asked, []
+    if device_type != "cuda":
+        return "none", []
+    chosen = MEASURED_ON_GPU.get(strategy)
+    if chosen is None:
+        return "none", [
+            f"cuda_graph auto: none for {strategy}: eager steps, the fastest correct setting "
+            "of a strategy not measured on a GPU yet"
+        ]
+    return chosen.cuda_graph, [
+        f"cuda_graph auto: {chosen.cuda_graph} for {strategy}, as measured ({chosen.evidence})"
+    ]
