@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_check                 # on a GPU: width 64, batch 256, 2 epochs
     python -m benchmarks.gpu_check --device cpu    # the same checks at a tiny size (CI runs it)
+    python -m benchmarks.gpu_check --two-ranks fsdp   # only fsdp again with 2 ranks
 
 Every strategy trains through the real stages (`python -m pipeline.fetch`, then `python -m
 pipeline.train NAME`, each in its own processes under torchrun) in a throw-away copy of the
@@ -70,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -158,7 +160,7 @@ def one_device(name: str, device: str) -> list[str]:
     return ["devices=0" if device == "cuda" else "devices=cpu", *per.get(name, [])]
 
 
-def two_ranks(name: str, device: str) -> list[str]:
+def ranks_overrides(name: str, device: str) -> list[str]:
     """Overrides that run strategy `name` as 2 ranks on the one device: on a GPU that device
     named twice, so the ranks share it; on the CPU 2 processes."""
     per = {
@@ -477,7 +479,11 @@ def gather(project: Path, strategy: str) -> dict[str, Any]:
 
 
 def planned_runs(
-    strategies: list[str], device: str, size: Size, real_data: bool
+    strategies: list[str],
+    device: str,
+    size: Size,
+    real_data: bool,
+    two_ranks: tuple[str, ...] = SEVERAL_RANKS,
 ) -> dict[str, tuple[str, list[str]]]:
     """row -> (strategy, overrides): each strategy on the one device at `size`, then, on a
     GPU, single at params.yaml's defaults, then the strategies of several ranks with 2 ranks
@@ -499,9 +505,9 @@ def planned_runs(
         # it writes results/single again, after single's own run was checked; its own MLflow
         # run (another identity: channels_last), in the same experiment
         runs["single_defaults"] = ("single", ["devices=0", f"train.epochs={size.epochs}", *placed])
-    for name in SEVERAL_RANKS:
+    for name in two_ranks:
         if name in strategies:
-            runs[name + TWO_RANKS] = (name, [*two_ranks(name, device), *common])
+            runs[name + TWO_RANKS] = (name, [*ranks_overrides(name, device), *common])
     if "single" in strategies:  # last: the A/A repeat, as far from single's run as it gets
         runs[NULL_ROW] = runs["single"]
     return runs
@@ -534,16 +540,18 @@ def check_null(rows: dict[str, dict], table: dict[str, dict], device: torch.devi
     return check("null_comparison", ok, detail)
 
 
-def check_shared(rows: dict[str, dict], device: torch.device) -> dict[str, Any]:
+def check_shared(
+    rows: dict[str, dict], device: torch.device, asked: Sequence[str]
+) -> dict[str, Any]:
     """shared_device: each strategy of several ranks with 2 ranks on the one device against its
     1-rank row: both trained, to the same accuracy (SHARED_ACC_BOUND, or the A/A pair's
     difference), each rank with a memory peak of its own; on a GPU the run says its ranks
     shared the device, and each rank's peak is below the 1-rank run's (half the batch, and a
     shard or a stage of the model). A CPU process's peak holds torch itself: shown, not
-    compared."""
-    pairs = [name for name in SEVERAL_RANKS if name in rows or name + TWO_RANKS in rows]
+    compared. `asked`: the strategies planned with 2 ranks."""
+    pairs = list(asked)
     if not pairs:
-        return check("shared_device", False, "no strategy of several ranks trained")
+        return check("shared_device", False, "no strategy of several ranks was run with 2")
     null = (
         abs(rows["single"]["metrics"]["test_acc"] - rows[NULL_ROW]["metrics"]["test_acc"])
         if "single" in rows and NULL_ROW in rows
@@ -584,7 +592,7 @@ def check_shared_fp64(project: Path, env: dict, timeout_s: float) -> dict[str, A
     diffs, problems = {}, []
     for name in SEVERAL_RANKS:
         states = []
-        for placed in (one_device(name, "cuda"), two_ranks(name, "cuda")):
+        for placed in (one_device(name, "cuda"), ranks_overrides(name, "cuda")):
             shutil.rmtree(project / "checkpoints" / name, ignore_errors=True)
             cmd = [sys.executable, "-m", "pipeline.train", name, *placed, *FP64_PAIR]
             try:
@@ -656,6 +664,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--stage-timeout", type=float, default=STAGE_TIMEOUT_S, help="seconds a stage may take"
     )
+    parser.add_argument(
+        "--two-ranks",
+        nargs="*",
+        default=list(SEVERAL_RANKS),
+        choices=SEVERAL_RANKS,
+        help="the strategies run again with 2 ranks on the one device (shared_device)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -673,7 +688,9 @@ def main(argv: list[str] | None = None) -> dict:
     expected, _ = auto_choice(device.type, gpu_capability(device))
     mirror = None if args.synthetic else real_mirror()
     data = "real Fashion-MNIST" if mirror else f"synthetic ({size.train}/{size.test} images)"
-    runs = planned_runs(args.strategies, args.device, size, real_data=mirror is not None)
+    runs = planned_runs(
+        args.strategies, args.device, size, mirror is not None, tuple(args.two_ranks)
+    )
 
     checks = [check_replicas(device)]
     rows: dict[str, dict[str, Any]] = {}
@@ -743,7 +760,9 @@ def main(argv: list[str] | None = None) -> dict:
         checks.append(check_mlflow(uri, rows))
         table = measure(rows, size, device)
         checks.append(check_null(rows, table, device))
-        checks.append(check_shared(rows, device))
+        checks.append(
+            check_shared(rows, device, [n for n in args.two_ranks if n in args.strategies])
+        )
         save(table, finished=False)
         if "dp" in args.strategies:  # after mlflow_runs: its run is FAILED, by design
             checks.append(check_did_not_fit(project, env, device, size, args.stage_timeout))

@@ -66,7 +66,9 @@ def gpu_check(
 def test_the_cpu_run_passes_every_check_and_measures_every_strategy(tmp_path):
     python, path = machine_python(tmp_path / "machine")
     out = tmp_path / "gpu-check.json"
-    args = ("--device", "cpu", "--synthetic", "--strategies", *RUN, "--out", str(out))
+    # one strategy again with 2 ranks is the shared_device check's path (each costs a stage)
+    args = ("--device", "cpu", "--synthetic", "--strategies", *RUN, "--two-ranks", "fsdp")
+    args += ("--out", str(out))
     proc = gpu_check(*args, python=python, path=path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
@@ -78,11 +80,10 @@ def test_the_cpu_run_passes_every_check_and_measures_every_strategy(tmp_path):
     assert result["data"] == "synthetic (512/128 images)"
     rows = result["rows"]
     # the A/A repeat of single, last; before it the strategies of several ranks with 2
-    assert set(rows) == {*RUN, "fsdp_2ranks", "pipeline_parallel_2ranks", "single_again"}
-    for name in ("fsdp", "pipeline_parallel"):  # 2 processes on the CPU: each its own cores
-        assert rows[f"{name}_2ranks"]["shared_devices"] == {}
-        assert rows[f"{name}_2ranks"]["x_single"] > 0
-        assert f"{name}: 2 ranks (CPU) test_acc" in proc.stdout
+    assert set(rows) == {*RUN, "fsdp_2ranks", "single_again"}
+    assert rows["fsdp_2ranks"]["shared_devices"] == {}  # 2 processes on the CPU: own cores
+    assert rows["fsdp_2ranks"]["x_single"] > 0
+    assert "fsdp: 2 ranks (CPU) test_acc" in proc.stdout
     assert rows["single"]["x_single"] == 1.0
     assert rows["single"]["beyond_noise"] is False  # single against itself
     assert rows["single_again"]["test_acc"] == rows["single"]["test_acc"]
@@ -114,7 +115,7 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
     out = tmp_path / "gpu-check.json"
     proc = gpu_check(
         *("--device", "cpu", "--synthetic", "--strategies", "single", "pipeline_parallel"),
-        *("--out", str(out)),
+        *("--two-ranks", "--out", str(out)),  # none again with 2 ranks: one stage fewer
         PARALLEL_LAB_FAULT="rank=0,point=start,action=raise",
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -122,7 +123,6 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
     error = "RuntimeError: fault: rank 0 raised at the start"
     strategy_of = {"single": "single", "pipeline_parallel": "pipeline_parallel"}
     strategy_of["single_again"] = "single"  # the A/A repeat
-    strategy_of["pipeline_parallel_2ranks"] = "pipeline_parallel"  # 2 ranks on the one device
     assert set(result["failures"]) == set(strategy_of)
     for row, text in result["failures"].items():
         command = f"python -m pipeline.train {strategy_of[row]} exited 1"
@@ -134,8 +134,8 @@ def test_a_failing_stage_costs_its_own_row_and_the_others_still_run(tmp_path):
         proc.stdout
     )
     assert (
-        "gpu-check: FAIL stages: 0 of 4 trained; single failed; pipeline_parallel failed; "
-        "pipeline_parallel_2ranks failed; single_again failed" in proc.stdout
+        "gpu-check: FAIL stages: 0 of 3 trained; single failed; pipeline_parallel failed; "
+        "single_again failed" in proc.stdout
     )
     assert result["rows"] == {}
 

@@ -59,6 +59,8 @@ def test_the_cpu_run_has_no_defaults_row_and_limits_only_the_real_data():
     # 2 processes on the CPU, then the A/A repeat, last
     assert list(runs) == ["single", "fsdp", "fsdp_2ranks", "single_again"]
     assert runs["fsdp_2ranks"][1][:2] == ["devices=cpu", "fsdp.nproc=2"]
+    none_again = planned_runs(["single", "fsdp"], "cpu", SIZES["cpu"], False, two_ranks=())
+    assert list(none_again) == ["single", "fsdp", "single_again"]
     real = planned_runs(["single"], "cpu", SIZES["cpu"], real_data=True)
     assert real["single"][1][-2:] == ["data.limit_train=512", "data.limit_test=128"]
 
