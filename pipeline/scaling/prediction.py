@@ -30,6 +30,7 @@ from pipeline.scaling.profile import (
     measure_rank,
     measure_replicas,
     measure_stages,
+    pipeline_split,
     replica_split,
     stage_memories,
 )
@@ -192,7 +193,7 @@ def predict_step(
                 share_s, replicas.optimizer_s, traffic, n, link, spec.plan.grad_accum
             )
         return n, step, max(shares), replica_memories(replicas)
-    if spec.name == "pipeline_parallel":
+    if pipeline_split(spec.name) is not None:  # its stages, one process each
         stages = spec.options.stages
         if n < stages:
             raise UserError(

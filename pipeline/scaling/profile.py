@@ -364,12 +364,12 @@ def stage_memories(spec: RunSpec[Any], device: torch.device) -> tuple[RankMemory
     return tuple(fake_rank_memory(spec, stages, device, rank) for rank in range(stages))
 
 
-def pipeline_split(name: str) -> Callable[[list[int], int], list[int]]:
-    """The strategy's own cut of the blocks into stages, its module loaded by name as the
-    registry loads it (strategies.get): so only its own predict stage depends on it."""
+def pipeline_split(name: str) -> Callable[[list[int], int], list[int]] | None:
+    """The strategy's own cut of the blocks into stages where it runs them as a pipeline (its
+    `split_points`), else None; its module loaded by name as the registry loads it
+    (strategies.get): so only its own predict stage depends on it."""
     module = importlib.import_module(f"pipeline.strategies.{name}")
-    split: Callable[[list[int], int], list[int]] = module.split_points
-    return split
+    return getattr(module, "split_points", None)
 
 
 def replica_split(name: str) -> Callable[[Any, Any, int], list[int]] | None:
@@ -430,7 +430,9 @@ def measure_stages(
     with cores_of_one_rank(device, stages):
         prec = build_precision(spec.train.precision, device, [None])
         model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
-        bounds = pipeline_split(spec.name)(block_flops(model), stages)
+        split = pipeline_split(spec.name)
+        assert split is not None, f"{spec.name} runs no pipeline"
+        bounds = split(block_flops(model), stages)
         images, labels = synthetic_split(micro, seed=1)
         x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(device, prec.dtype)
         y = torch.as_tensor(labels).long().to(device)

@@ -1,0 +1,1 @@
+../../../pipeline/numerics/speed_defaults.py
