@@ -4,7 +4,8 @@ s/epoch, speedup, scaling efficiency and the communication it waits for, with th
 assumed, the band each figure was checked to and what the model leaves out. Where this
 comparison holds a run on that many devices of the same kind at the same settings, the
 measured epoch stands beside the prediction, with the error: real runs check the model for
-everyone."""
+everyone. A run of N ranks sharing GPUs (devices "0,0") checks the per-device memory only: its
+ranks' peaks are real, their time is turns on one device."""
 
 from __future__ import annotations
 
@@ -49,10 +50,37 @@ def comparisons(
                 p is not None
                 and "predicted_epoch_s" in p
                 and row["steady_epoch_s"] is not None
+                and not row.get("shared_devices")  # turns on one GPU: no speed
                 and measured_at(predicted, row, int(n))
                 and same_settings(predicted, configs.get(row["strategy"], {}))
             ):
                 out[(n, row["strategy"])] = (p["predicted_epoch_s"], row["steady_epoch_s"])
+    return out
+
+
+def shared_memory_checks(
+    predicted: dict[str, Any], rows: list[Row], configs: dict[str, dict[str, Any]]
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """(N, strategy) -> (predicted per-device peak, the busiest rank's measured peak), MiB,
+    where a run of N ranks sharing GPUs (devices "0,0") at the same settings checks the
+    memory prediction: each rank's allocator peak is real, though their time is not. On GPUs
+    only: a CPU run's figure is its process's RSS, torch itself included."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    if predicted["device"] != "cuda":
+        return out
+    for n, by_name in predicted["by_devices"].items():
+        for row in rows:
+            p = by_name.get(row["strategy"])
+            if (
+                p is not None
+                and p.get("predicted_peak_mib")
+                and row.get("shared_devices")
+                and row["world_size"] == int(n)
+                and row.get("peak_memory_mib")
+                and same_settings(predicted, configs.get(row["strategy"], {}))
+            ):
+                mine = max(p["predicted_peak_mib"].values())
+                out[(n, row["strategy"])] = (mine, max(row["peak_memory_mib"].values()))
     return out
 
 
@@ -164,7 +192,8 @@ def memory_line(predicted: dict[str, Any]) -> str | None:
         if predicted["device"] == "cpu"
         else "On a GPU it is the allocator's peak over the step; not yet checked against "
         "real ranks sharing one GPU (benchmarks/memory_check.py --device cuda has not run on "
-        "one): unchecked."
+        'one): unchecked. A run of N ranks on your GPU (devices "0,0") at these settings '
+        "stands beside it, its busiest rank's peak and the error."
     )
     missing = f" Not predicted yet: {', '.join(unpredicted)}'s." if unpredicted else ""
     return (
@@ -177,12 +206,22 @@ def memory_line(predicted: dict[str, Any]) -> str | None:
     )
 
 
-def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]:
+def cells(
+    row: dict[str, Any],
+    checked: tuple[float, float] | None,
+    memory_checked: tuple[float, float] | None = None,
+) -> list[str]:
+    """A strategy's row; `checked`: (predicted, measured) s/epoch where a real run on N
+    devices checks it; `memory_checked`: the same of the peak MiB, by N ranks sharing a GPU."""
     if "not_predicted" in row:
         return [row["strategy"], row["not_predicted"], "", "", "", "", "", ""]
     if "predicted_epoch_s" not in row:  # its memory alone (DataParallel on a CPU): footer
         devices, peak = str(row["devices_used"]), f"{peak_cell(row)} unchecked"
         return [row["strategy"], devices, "not predicted on a CPU", "", "", "", peak, ""]
+    peak = peak_cell(row)
+    if memory_checked is not None:
+        mine, theirs = memory_checked
+        peak += f" (shared-device {theirs:.0f}, {mine / theirs - 1:+.0%})"
     band = f"±{row['band']:.0%}" if row.get("band") is not None else "unchecked"
     measured = "" if checked is None else f"{checked[1]:.2f} ({checked[0] / checked[1] - 1:+.0%})"
     speedup = row.get("predicted_speedup")
@@ -193,7 +232,7 @@ def cells(row: dict[str, Any], checked: tuple[float, float] | None) -> list[str]
         "" if speedup is None else f"{speedup:.2f}x",
         "" if speedup is None else f"{row['predicted_efficiency']:.0%}",
         f"{row['exposed_communication_s'] * 1000:.1f}",
-        peak_cell(row),
+        peak,
         measured,
     ]
 
@@ -221,8 +260,15 @@ def tables(
 ) -> list[tuple[str, list[list[str]]]]:
     """A table per N with a prediction in it (those without: `footer` says why)."""
     checked = comparisons(predicted, rows, configs)
+    memory = shared_memory_checks(predicted, rows, configs)
     return [
-        (n, [cells(row, checked.get((n, name))) for name, row in by_name.items()])
+        (
+            n,
+            [
+                cells(row, checked.get((n, name)), memory.get((n, name)))
+                for name, row in by_name.items()
+            ],
+        )
         for n, by_name in predicted["by_devices"].items()
         if predicted_at(by_name)
     ]

@@ -157,3 +157,46 @@ def test_a_document_that_is_not_the_stages_is_refused_in_one_line(tmp_path, text
     message = str(err.value)
     assert "\n" not in message and str(path) in message
     assert "python -m pipeline.predict ddp" in message
+
+
+def gpu_document() -> dict:
+    doc = document("cuda")
+    doc["by_devices"]["2"]["ddp"].update(predicted_peak_mib={"0": 105.0}, resident_data_mib=50.0)
+    return doc
+
+
+def shared_row(world: int = 2, peaks: dict | None = None) -> dict:
+    row = run_row(world, ["cuda:0"] * world, steady=9.0)
+    row["shared_devices"] = {"0": world}
+    row["peak_memory_mib"] = peaks or {"gpu_0_rank0": 100.0, "gpu_0_rank1": 98.0}
+    return row
+
+
+def test_ranks_sharing_a_gpu_check_the_memory_prediction_never_the_time():
+    """2 ddp ranks on one GPU (devices "0,0"): each rank's peak is real, so the busiest one
+    stands beside the predicted per-device peak; their time is turns on one device, so none
+    stands beside the predicted epoch."""
+    rows, configs = [shared_row()], {"ddp": CONFIG}
+    assert predicted.shared_memory_checks(gpu_document(), rows, configs) == {
+        ("2", "ddp"): (105.0, 100.0)
+    }
+    assert predicted.comparisons(gpu_document(), rows, configs) == {}
+    # ranks on 2 GPUs, 2 a GPU: the time is still turns, not a measure of 2 GPUs
+    four = run_row(4, ["cuda:0", "cuda:1", "cuda:0", "cuda:1"])
+    four["shared_devices"] = {"0": 2, "1": 2}
+    assert predicted.comparisons(gpu_document(), [four], configs) == {}
+    md = predicted.markdown(gpu_document(), rows, configs)
+    assert "| 105 (shared-device 100, +5%) |  |" in md
+
+
+@pytest.mark.parametrize(
+    "doc, row, config",
+    [
+        (document("cpu"), shared_row(), CONFIG),  # a CPU's peaks are RSS: not comparable
+        (gpu_document(), shared_row(world=4), CONFIG),  # 4 ranks check N=4, not 2
+        (gpu_document(), {**shared_row(), "shared_devices": {}}, CONFIG),  # own GPUs
+        (gpu_document(), shared_row(), {**CONFIG, "model": {"width": 16}}),  # other settings
+    ],
+)
+def test_only_n_ranks_sharing_gpus_at_the_same_settings_check_the_memory(doc, row, config):
+    assert predicted.shared_memory_checks(doc, [row], {"ddp": config}) == {}
