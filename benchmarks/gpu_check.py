@@ -10,7 +10,8 @@ project with its own MLflow store, on one device with the same settings: ddp and
 process, dp and balanced_dp with one replica, pipeline_parallel as 2 stages on the one device.
 So a strategy's steady epoch over single's is what its wrapping costs. `channels_last` is off
 for all of them (fsdp and pipeline stages cannot take it); on a GPU, `single` also runs at
-params.yaml's defaults, the speed a user gets without flags.
+params.yaml's defaults, the speed a user gets without flags (its step a CUDA graph:
+`train.cuda_graph: auto`); every other row runs eager steps (`train.cuda_graph=none`).
 
 The data is the real Fashion-MNIST where data/fashion-mnist/raw holds it (the fetch stage's
 output), else synthetic Fashion-MNIST-shaped IDX files whose class shows as a bright band (the
@@ -498,6 +499,9 @@ def planned_runs(
         f"train.epochs={size.epochs}",
         f"train.eval_batch_size={size.eval_batch}",
         "train.channels_last=false",
+        # eager for all: auto captures single's step on a GPU, and then the ratios to single
+        # would no longer be what a wrapping costs (single_defaults runs auto)
+        "train.cuda_graph=none",
         *placed,
     ]
     runs = {name: (name, [*one_device(name, device), *common]) for name in strategies}
