@@ -443,6 +443,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"train.lr={args.lr}",
         f"seed={args.seed}",
         f"train.epochs={args.warmup + args.epochs}",
+        # eager unless asked: auto captures single's step on a GPU, the wrapped rows' not
+        "train.cuda_graph=none",
         *args.set,
     ]
 
