@@ -14,7 +14,8 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
                  code), worker (one rank's life), topology, rendezvous, devices
     training/    a rank's run: session (assembled, resumed), trainer (fit, epoch, step,
                  evaluation), meter (seconds, load, memory per epoch)
-    numerics/    what a step computes: build, precision, torch_compile, optimizer, graphs
+    numerics/    what a step computes: build, precision, torch_compile, optimizer, graphs,
+                 the measured speed defaults
     checkpoints/ a run's state on disk, when it is saved, what a resume must match
     recording/   what a run shows and keeps as it trains (live progress, results/, events)
     interrupts/  a stop voted across ranks; test-only fault hooks
