@@ -88,6 +88,7 @@ from pipeline.checkpoints.identity import PER_WORLD_SIZE
 from pipeline.data.device_data import normalize
 from pipeline.data.fashion_mnist import DATA_DIR, FILES, load_tensors
 from pipeline.data.synthetic import write_synthetic
+from pipeline.files import atomic_write
 from pipeline.numerics.precision import auto_choice, gpu_capability
 from pipeline.reporting.speed_noise import relative_spread
 from pipeline.resnet import build_model
@@ -590,11 +591,14 @@ def check_shared(
     return check("shared_device", ok, "; ".join(details))
 
 
-def check_shared_fp64(project: Path, env: dict, timeout_s: float) -> dict[str, Any]:
-    """shared_fp64 (a GPU's): each strategy of several ranks trains 10 fp64 steps with 2 ranks
-    on the one GPU and with 1, to the same weights within the parity tests' bound."""
+def check_shared_fp64(
+    project: Path, env: dict, timeout_s: float, asked: Sequence[str]
+) -> dict[str, Any]:
+    """shared_fp64 (a GPU's): each strategy of several ranks `asked` (as shared_device's)
+    trains 10 fp64 steps with 2 ranks on the one GPU and with 1, to the same weights within
+    the parity tests' bound."""
     diffs, problems = {}, []
-    for name in SEVERAL_RANKS:
+    for name in asked:
         states = []
         for placed in (one_device(name, "cuda"), ranks_overrides(name, "cuda")):
             shutil.rmtree(project / "checkpoints" / name, ignore_errors=True)
@@ -715,9 +719,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = {**head, "finished": finished, "checks": checks, "rows": table}
         result["failures"] = failures
         out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_suffix(".json.tmp")
-        partial.write_text(json.dumps(result, indent=1) + "\n")
-        partial.replace(out)
+        atomic_write(out, json.dumps(result, indent=1) + "\n")
         return result
 
     with tempfile.TemporaryDirectory(prefix="parallel-lab-gpu-check-") as tmp:
@@ -764,15 +766,14 @@ def main(argv: list[str] | None = None) -> dict:
         checks.append(check_mlflow(uri, rows))
         table = measure(rows, size, device)
         checks.append(check_null(rows, table, device))
-        checks.append(
-            check_shared(rows, device, [n for n in args.two_ranks if n in args.strategies])
-        )
+        two_ranks = [n for n in args.two_ranks if n in args.strategies]
+        checks.append(check_shared(rows, device, two_ranks))
         save(table, finished=False)
         if "dp" in args.strategies:  # after mlflow_runs: its run is FAILED, by design
             checks.append(check_did_not_fit(project, env, device, size, args.stage_timeout))
             save(table, finished=False)
         if args.device == "cuda":  # the CPU's parity tests train these pairs (test_parity.py)
-            checks.append(check_shared_fp64(project, env, args.stage_timeout))
+            checks.append(check_shared_fp64(project, env, args.stage_timeout, two_ranks))
     result = save(table, finished=True)
     print(render(result))
     print(f"gpu-check: wrote {out}")

@@ -391,7 +391,6 @@ def measure_replicas(
     model.train()
     optimizer = make_optimizer(model.parameters(), spec.train)
     share_s, memory = {}, {}
-    sample_out = [0]  # one sample's output bytes (its logits, in the autocast dtype)
     for share in sorted({s for s in shares if s > 0}):
         images, labels = synthetic_split(share, seed=1)
         x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(device, prec.dtype)
@@ -400,13 +399,14 @@ def measure_replicas(
         def fwd_bwd(x: torch.Tensor = x, y: torch.Tensor = y) -> None:
             with prec.autocast():
                 out = model(x)
-            sample_out[0] = out[0].numel() * out.element_size()
             F.cross_entropy(out.float(), y).backward()
 
         fwd_bwd()
         optimizer.step()
         share_s[share] = timed(fwd_bwd, device, seconds)
         memory[share] = tensors_at_peak(model, optimizer, fwd_bwd, device)
+    with torch.no_grad(), prec.autocast():  # one sample's output, as the replicas return it
+        one = model.eval()(x[:1])
     state = itertools.chain(model.parameters(), model.buffers())
     return ReplicaProfile(
         shares=list(shares),
@@ -415,7 +415,7 @@ def measure_replicas(
         memory=memory,
         parameter_bytes=sum(t.numel() * t.element_size() for t in state),
         input_bytes=sum(shares) * math.prod(INPUT_SHAPE) * torch.finfo(prec.dtype).bits // 8,
-        output_bytes=sum(shares) * sample_out[0],
+        output_bytes=sum(shares) * one.numel() * one.element_size(),
     )
 
 
