@@ -2,9 +2,18 @@
 # Every GPU measurement the open issues wait for, in turn, each under its own time limit, in
 # one device call (a lent GPU has 15 minutes in all, its start included):
 #
-#   bash benchmarks/gpu_session.sh OUT_DIR [WHEELS_DIR]      # on the GPU machine
-#   DEVICE=cpu bash benchmarks/gpu_session.sh /tmp/out       # the same steps, tiny, on a CPU
+#   bash benchmarks/gpu_session.sh OUT_DIR [WHEELS_DIR] [PART]   # on the GPU machine
+#   DEVICE=cpu bash benchmarks/gpu_session.sh /tmp/out '' PART     # the same steps, tiny, on a CPU
 #
+# PART speed (the default; issue 49, fast by default), each at params.yaml's defaults:
+# 1. e2e: the cold default experiment, dvc.yaml's stage commands in order (fetch from a local
+#    synthetic mirror, every train and predict stage, compare): its total (goal <= 120 s),
+#    single's cold stage (<= 20 s) and every strategy's steady epoch (ratios to single);
+# 2. quickstart: `make quick`'s run, whole (goal <= 30 s, faster than 2 CPU cores);
+# 3. peer, "default job", one cold round: our stage, the bare loop and Lightning side by side
+#    with MFU (the README's table; ours at most 0.5x Lightning's wall), and our repeat run's
+#    warm-up and steady epochs (<= 3 s and <= 0.6 s).
+# PART checks (issues 48, 50, 51):
 # 1. gpu-check (what `make gpu-check` runs): every strategy's stage, the A/A null comparison
 #    (issue 51), did_not_fit (issue 50), shared_device and shared_fp64 (issue 48 goal 1); its
 #    JSON is rewritten after every stage, so a cut-off run still reports what it finished;
@@ -15,8 +24,13 @@
 # A step whose limit no longer fits in BUDGET seconds is skipped and said so. The log and
 # every JSON written land in OUT_DIR (at most 8 files come back from a device call).
 set -u
-out=${1:?usage: gpu_session.sh OUT_DIR [WHEELS_DIR]}
+out=${1:?usage: gpu_session.sh OUT_DIR [WHEELS_DIR] [speed|checks]}
 wheels=${2:-}
+part=${3:-speed}
+case $part in
+    speed | checks) ;;
+    *) echo "gpu_session.sh: PART: got '$part', expected speed or checks" >&2; exit 2 ;;
+esac
 device=${DEVICE:-cuda}
 budget=${BUDGET:-590}
 mkdir -p "$out"
@@ -40,7 +54,7 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under LIMIT_S if that still fit
 }
 
 {
-    echo "=== gpu_session: $device, budget $budget s, $(git log --oneline -1 2>/dev/null)"
+    echo "=== gpu_session: $part on $device, budget $budget s, $(git log --oneline -1 2>/dev/null)"
     [ "$device" = cuda ] && nvidia-smi --query-gpu=name,driver_version,memory.total \
         --format=csv,noheader
     if [ -n "$wheels" ]; then  # what gpu-check's make target installs, for every step
@@ -48,7 +62,22 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under LIMIT_S if that still fit
         export PYTHONPATH=$PWD/.gpu-site
     fi
     $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-    if [ "$device" = cuda ]; then
+    if [ "$part" = speed ]; then
+        mirror=$(mktemp -d)/mirror  # outside OUT_DIR: only results come back
+        tiny=()  # the CPU's trial: the same commands at a size that takes seconds
+        [ "$device" = cpu ] && tiny=(--set model.width=4 train.epochs=2)
+        if [ "$device" = cuda ]; then n=(60000 10000); else n=(512 256); fi
+        $py -c "import sys; from pathlib import Path; from pipeline.data.synthetic import \
+write_synthetic; write_synthetic(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))" \
+            "$mirror" "${n[@]}"
+        step e2e 330 $py -m benchmarks.e2e --mirror "$mirror" "${tiny[@]}" \
+            --out "$out/e2e-default.json"
+        step quickstart 80 $py -m benchmarks.e2e --mirror "$mirror" --quickstart \
+            --out "$out/e2e-quickstart.json"
+        if [ "$device" = cuda ]; then size="default job"; else size="one epoch"; fi
+        step peer 150 $py -m benchmarks.peer --runs 1 --warmup 0 --sizes "$size" \
+            --out "$out/peer.json"
+    elif [ "$device" = cuda ]; then
         step gpu_check 470 $py -m benchmarks.gpu_check --out "$out/gpu-check.json"
         step memory_check 80 $py -m benchmarks.memory_check --device cuda --gpus 2 4 \
             --out "$out/memory-check-cuda.json"

@@ -301,6 +301,37 @@ def peer_block(path: Path) -> list[str]:
     ]
 
 
+def performance_block(path: Path) -> list[str]:
+    """The README's table: one size's three jobs side by side, the default job where the
+    result has it (a GPU's), else its first size."""
+    from benchmarks.peer import job_table
+
+    result = json.loads(path.read_text())
+    info, sizes = result["info"], result["settings"]["sizes"]
+    name = "default job" if "default job" in sizes else next(iter(sizes))
+    s, size = sizes[name], result["sizes"][name]
+    runs = len(size["runs"])
+    warm = result["settings"].get("warmup", 1)
+    peak = result.get("peak")
+    mfu = (
+        f"MFU against {flops(peak['flops'])}, the {peak['precision']} peak "
+        f"({peak['source']}), at {size['flops_per_image'] / 1e9:.3g} GFLOP per training image"
+        if peak
+        else "no MFU: this result predates it"
+    )
+    return [
+        paragraph(
+            f"From {source(path)}: {info.get('gpu') or info['cpu']}, {info['cpu_cores']} "
+            f"cores, torch {info['torch']}, Lightning {info['lightning']}; {name}: width "
+            f"{s['width']}, {s['train']} training images, {s['epochs']} epochs, batch "
+            f"{s['batch']}; median of {runs} run{'s' * (runs != 1)} of each, taking turns, "
+            f"after {warm} untimed round{'s' * (warm != 1)}; {mfu}."
+        ),
+        "",
+        job_table(result, name),
+    ]
+
+
 # ---- benchmarks/suite_cpu.py
 
 
@@ -416,13 +447,17 @@ class Block:
     render: Callable[[Path], list[str]]
     file: str = ""  # a fixed file of benchmarks/results/, which must exist
     newest: str = ""  # or the newest file matching this pattern, if any
+    prefer: str = ""  # ... of those matching this one, if any
 
     def path(self, results: Path) -> Optional[Path]:
         if self.file:
             return results / self.file
         # the writers end each name with the date, <machine>-startup-YYYY-MM-DD.json
-        found = sorted(results.glob(self.newest), key=lambda p: p.name[-len("YYYY-MM-DD.json") :])
-        return found[-1] if found else None
+        for pattern in filter(None, (self.prefer, self.newest)):
+            found = sorted(results.glob(pattern), key=lambda p: p.name[-len("YYYY-MM-DD.json") :])
+            if found:
+                return found[-1]
+        return None
 
     def text(self, results: Path) -> str:
         path = self.path(results)
@@ -438,6 +473,7 @@ BLOCKS = [
     Block("startup", startup_block, newest="*-startup-*.json"),
     Block("stress-exit", stress_exit_block, newest="*-stress-exit-*.json"),
     Block("peer", peer_block, newest="*-peer-*.json"),
+    Block("performance", performance_block, newest="*-peer-*.json", prefer="nvidia-*-peer-*.json"),
     Block("suite-cpu", suite_cpu_block, newest="*-suite-cpu-*.json"),
     Block("sync-bn", sync_bn_block, newest="*-sync-bn-*.json"),
     Block("stop-time", stop_time_block, newest="*-stop-time-*.json"),

@@ -172,3 +172,20 @@ def test_the_readme_is_a_first_screen():
     start = lines.index("## Quickstart")
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
     assert end - start <= 40
+
+
+def test_the_readme_performance_table_prefers_a_gpu_result_to_a_newer_cpu_one(tmp_path):
+    docs, results = copy_docs(tmp_path)
+    cpu = sorted(results.glob("cpu*-peer-*.json"))[-1]
+    gpu = json.loads(cpu.read_text())
+    gpu["info"]["gpu"] = "NVIDIA H200"
+    (results / "nvidia-h200-peer-2026-01-01.json").write_text(json.dumps(gpu))  # older
+    assert tables.regenerate(docs, results, write=False) == [
+        "README.md: block performance differs from its JSON"  # docs/performance.md: the newest
+    ]
+    tables.regenerate(docs, results, write=True)
+    readme = (tmp_path / "README.md").read_text()
+    block = readme.split("<!-- tables:performance -->")[1].split("<!-- /tables:performance -->")[0]
+    assert "From `benchmarks/results/nvidia-h200-peer-2026-01-01.json`: NVIDIA H200" in " ".join(
+        block.split()
+    )

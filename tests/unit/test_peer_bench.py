@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.peer import medians, table
+from benchmarks.peer import default_job, job_table, medians, mfu, table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +66,36 @@ def test_table_rows_against_the_goal_with_the_floor_where_measured():
     )
     assert lines[3].endswith("| 5.0 | - | - | 0.80x (missed) | - |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+def test_mfu_is_the_trained_flops_per_second_over_the_peak():
+    size = {"train": 60000, "epochs": 10}
+    # 1 GFLOP an image, 600k images in 60 s: 10 TFLOP/s of a 100 TFLOP/s peak
+    assert mfu(1e9, size, 60.0, 100e12) == pytest.approx(0.10)
+    assert mfu(1e9, size, 30.0, 100e12) == pytest.approx(0.20)  # twice as fast, twice the share
+
+
+def test_the_default_job_is_params_yaml_experiment_at_full_size(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("model: {width: 32}\ntrain: {epochs: 4, batch_size: 128}\n")
+    assert default_job(params) == (32, 60000, 10000, 4, 128)
+
+
+def test_the_job_table_puts_the_three_jobs_in_rows_with_mfu_against_the_peak():
+    r = run(20, 50, 10)
+    result = {
+        "settings": {"sizes": {"default job": {"train": 1000, "epochs": 2}}},
+        "sizes": {"default job": {"median": medians([r]), "flops_per_image": 1e9}},
+        "peak": {"flops": 1e12, "precision": "bf16", "source": "datasheet"},
+    }
+    lines = job_table(result, "default job").splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| ours", "| bare loop", "| Lightning"]
+    # ours: 2000 images' 2 TFLOP in its 10 training seconds, of a 1 TFLOP/s peak
+    assert lines[2] == "| ours | 20.0 | 10.0 | 10.0 | 20.0% | 0.5000 | 0.40x (goal <= 0.5x: met) |"
+    assert lines[3] == "| bare loop | 10.0 | 9.0 | 1.0 | 22.2% | 0.5000 | 0.20x |"
+    assert lines[4] == "| Lightning | 50.0 | 45.0 | 5.0 | 4.4% | 0.5000 | 1.00x |"
+    del result["peak"]  # a result from before MFU: the cell says nothing rather than guess
+    assert job_table(result, "default job").splitlines()[2].split(" | ")[4] == "-"
 
 
 def test_without_lightning_it_exits_2_naming_the_make_target():
