@@ -13,6 +13,7 @@ GPU their time too. No real multi-GPU run has checked either (checked.BAND has n
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from pipeline.scaling.profile import (
     RankMemory,
     RankProfile,
     ReplicaProfile,
+    StageProfile,
     measure_rank,
     measure_replicas,
     measure_stages,
@@ -174,19 +176,50 @@ def replica_memories(profile: ReplicaProfile) -> tuple[RankMemory, ...]:
     return tuple(out)
 
 
+class Measurements:
+    """What `spec`'s predictions measure on `device`, each step timed for `seconds`: measured
+    once per strategy and reused at every N where it does not depend on N (a pipeline's
+    stages, its memory; a share of DataParallel's replicas measured at another N)."""
+
+    def __init__(self, spec: RunSpec[Any], device: torch.device, seconds: float) -> None:
+        self.spec, self.device, self.seconds = spec, device, seconds
+        self._replicas: dict[tuple[int, ...], ReplicaProfile] = {}
+
+    def replicas(self, shares: list[int]) -> ReplicaProfile:
+        """DataParallel's replicas at `shares`; on a CPU their memory alone (REPLICAS_ON_A_CPU:
+        nothing there predicts their time, so nothing is timed)."""
+        key = tuple(shares)
+        if key not in self._replicas:
+            seconds = self.seconds if self.device.type == "cuda" else None
+            self._replicas[key] = measure_replicas(self.spec, shares, self.device, seconds)
+        return self._replicas[key]
+
+    @functools.cached_property
+    def stages(self) -> StageProfile:
+        return measure_stages(self.spec, self.device, self.seconds)
+
+    @functools.cached_property
+    def stage_memories(self) -> tuple[RankMemory, ...]:
+        return stage_memories(self.spec, self.device)
+
+    def rank(self, n: int) -> RankProfile:
+        return measure_rank(self.spec, n, self.device, self.seconds)
+
+
 def predict_step(
-    spec: RunSpec[Any], n: int, link: Link, device: torch.device, seconds: float
+    measured: Measurements, n: int, link: Link
 ) -> tuple[int, StepPrediction | None, int, tuple[RankMemory, ...]]:
     """(devices used, the step predicted, the per-rank batch, the ranks' step memory: each
-    role's rank, every stage of a pipeline, every device of DataParallel's) of `spec` asked
-    to run on n; the step None where its time is not predicted (REPLICAS_ON_A_CPU)."""
+    role's rank, every stage of a pipeline, every device of DataParallel's) of the strategy
+    asked to run on n; the step None where its time is not predicted (REPLICAS_ON_A_CPU)."""
+    spec, device = measured.spec, measured.device
     overlaps = device.type == "cuda"
     split = replica_split(spec.name)
     if split is not None:  # one process driving n devices as DataParallel replicas
         shares = split(spec.options, spec.plan, n)
-        replicas = measure_replicas(spec, shares, device, seconds)
+        replicas = measured.replicas(shares)
         step = None
-        if device.type == "cuda":
+        if replicas.optimizer_s is not None:  # timed: a GPU's
             share_s = [replicas.share_s.get(share, 0.0) for share in shares]
             traffic = replica_traffic(replicas)
             step = replicated_step(
@@ -200,7 +233,7 @@ def predict_step(
                 f"pipeline_parallel.stages: got {stages}, but the prediction is for {n} "
                 f"devices; expected at most {n} (one stage per device)"
             )
-        s = measure_stages(spec, device, seconds)
+        s = measured.stages
         step = pipeline_step(
             s.stage_s,
             s.boundary_bytes,
@@ -209,23 +242,21 @@ def predict_step(
             s.optimizer_s,
             link,
         )
-        return stages, step, spec.plan.micro, stage_memories(spec, device)
-    profile: RankProfile = measure_rank(spec, n, device, seconds)
+        return stages, step, spec.plan.micro, measured.stage_memories
+    profile = measured.rank(n)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
     step = data_parallel_step(profile.step_s, window, profile.traffic, n, link, overlaps)
     return n, step, profile.per_rank_batch, profile.memory
 
 
-def predict(
-    spec: RunSpec[Any], n: int, link: Link, device: torch.device, data: DataSize, seconds: float
-) -> Prediction:
-    """`spec`'s epoch of `data` on n devices; its steps timed for `seconds`."""
-    devices, step, per_rank, memory = predict_step(spec, n, link, device, seconds)
-    plan = spec.job_plan(devices, data.train)
+def predict(measured: Measurements, n: int, link: Link, data: DataSize) -> Prediction:
+    """The strategy's epoch of `data` on n devices."""
+    devices, step, per_rank, memory = predict_step(measured, n, link)
+    plan = measured.spec.job_plan(devices, data.train)
     epoch_s = None if step is None else plan.steps * step.step_s
     return Prediction(
-        strategy=spec.name,
+        strategy=measured.spec.name,
         asked=n,
         devices=devices,
         step=step,

@@ -109,8 +109,8 @@ class ReplicaProfile:
     micro-batch (device 0 first): what one process driving N devices computes and moves."""
 
     shares: list[int]
-    share_s: dict[int, float]  # a share's forward and backward of the whole model
-    optimizer_s: float  # device 0's optimizer step
+    share_s: dict[int, float]  # a share's forward and backward of the whole model (timed)
+    optimizer_s: float | None  # device 0's optimizer step; None: not timed
     memory: dict[int, dict[str, int]]  # a share's forward and backward at its peak, by kind
     parameter_bytes: int  # what replicate broadcasts (buffers too) and the backward reduces
     input_bytes: int  # the micro-batch as the model takes it, scattered from device 0
@@ -381,11 +381,12 @@ def replica_split(name: str) -> Callable[[Any, Any, int], list[int]] | None:
 
 
 def measure_replicas(
-    spec: RunSpec[Any], shares: list[int], device: torch.device, seconds: float = TIMED_S
+    spec: RunSpec[Any], shares: list[int], device: torch.device, seconds: float | None = TIMED_S
 ) -> ReplicaProfile:
     """Each distinct share of `shares`: the whole model's forward and backward at it, timed
     on this device and at its peak (`tensors_at_peak`), after a first step that makes the
-    gradients and the optimizer's states; and device 0's optimizer step."""
+    gradients and the optimizer's states; and device 0's optimizer step. `seconds` None:
+    memory only (a CPU's: nothing predicts the replicas' time there, REPLICAS_ON_A_CPU)."""
     prec = build_precision(spec.train.precision, device, [None])
     model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
     model.train()
@@ -403,7 +404,8 @@ def measure_replicas(
 
         fwd_bwd()
         optimizer.step()
-        share_s[share] = timed(fwd_bwd, device, seconds)
+        if seconds is not None:
+            share_s[share] = timed(fwd_bwd, device, seconds)
         memory[share] = tensors_at_peak(model, optimizer, fwd_bwd, device)
     with torch.no_grad(), prec.autocast():  # one sample's output, as the replicas return it
         one = model.eval()(x[:1])
@@ -411,7 +413,7 @@ def measure_replicas(
     return ReplicaProfile(
         shares=list(shares),
         share_s=share_s,
-        optimizer_s=timed(optimizer.step, device, seconds),
+        optimizer_s=None if seconds is None else timed(optimizer.step, device, seconds),
         memory=memory,
         parameter_bytes=sum(t.numel() * t.element_size() for t in state),
         input_bytes=sum(shares) * math.prod(INPUT_SHAPE) * torch.finfo(prec.dtype).bits // 8,

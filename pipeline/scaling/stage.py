@@ -21,7 +21,7 @@ from pipeline.run_spec import resolve_run
 from pipeline.scaling.checked import BAND, band_text
 from pipeline.scaling.gloo_link import measure_gloo_link
 from pipeline.scaling.links import PRESETS, Link, check_link
-from pipeline.scaling.prediction import LEAVES_OUT, DataSize, predict
+from pipeline.scaling.prediction import LEAVES_OUT, DataSize, Measurements, predict
 from pipeline.scaling.profile import measure_rank, replica_split
 
 # Fashion-MNIST's training and test sets, where the fetch stage has not run
@@ -108,6 +108,7 @@ def predict_strategy(
         "latency_us": given.latency_s * 1e6,
         "source": given.source,
     }
+    measured = Measurements(spec, device, cfg.predict.time_s)  # what no N changes, once
     for n in cfg.predict.gpus:
         # DataParallel's one process times nothing on a CPU (prediction.REPLICAS_ON_A_CPU)
         if too_many_processes(device, n) and replica_split(name) is None:
@@ -115,8 +116,7 @@ def predict_strategy(
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": why}
             continue
         try:
-            timed_s = cfg.predict.time_s
-            doc["by_devices"][str(n)] = predict(spec, n, given, device, data, timed_s).to_json()
+            doc["by_devices"][str(n)] = predict(measured, n, given, data).to_json()
         except UserError as err:  # e.g. more pipeline stages than devices
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": str(err)}
     return doc
