@@ -57,6 +57,7 @@ from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.data.loaders import torchvision_root
+from pipeline.files import atomic_write
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import build_training
 from pipeline.numerics.precision import build_precision, configure_backends, cpu_has_native_bf16
@@ -302,7 +303,8 @@ def write_result(result: dict, kind: str, out: Optional[Path] = None) -> Path:
     """A benchmark's JSON at `out`, else benchmarks/results/<machine>-<kind>-<date>.json."""
     name = f"{result['machine']}-{kind}-{result['date']}.json"
     path = out or REPO / "benchmarks" / "results" / name
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    # whole or not at all: a benchmark cut off by a time limit while writing leaves the last one
+    atomic_write(path, json.dumps(result, indent=1) + "\n")
     return path
 
 

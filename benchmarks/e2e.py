@@ -14,7 +14,8 @@ unless --out) holds every command's seconds, and the steady s/epoch each stage r
 
 Without --dvc it runs dvc.yaml's stage commands one after the other, as `dvc repro` would
 where DVC is not installed: fetch, every train stage, every predict stage, compare; the JSON's
-`ran` says which of the three modes ran.
+`ran` says which of the three modes ran. It is rewritten after each command, `finished`
+false until the last: a run cut off by a time limit keeps every command it timed.
 
 --dvc times the one command `dvc repro` (fetch, every train and predict stage, compare), with --set
 written into the copy's params.yaml: its total, and each stage's seconds from the moment DVC
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
             else "dvc.yaml's stage commands, one after the other"
         ),
         "seconds": {},
+        "finished": False,  # until the last command: a cut-off run keeps what it timed
     }
     with tempfile.TemporaryDirectory(prefix="parallel-lab-e2e-") as tmp:
         project = project_copy(Path(tmp) / "project", args.mirror)
@@ -295,6 +297,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"e2e: make quick: {seconds:.0f} s", flush=True)
         else:
             result["seconds"]["fetch"], _ = timed([*py, "pipeline.fetch"], project, env)
+            write_result(result, "e2e", args.out)  # after each command, as it went
             for name in args.strategies:
                 seconds, _ = timed([*py, "pipeline.train", name, *args.set], project, env)
                 metrics = json.loads((project / "results" / name / "metrics.json").read_text())
@@ -305,14 +308,17 @@ def main(argv: list[str] | None = None) -> dict:
                     f"{metrics['steady_epoch_seconds']:.2f} s)",
                     flush=True,
                 )
+                write_result(result, "e2e", args.out)
             for name in args.strategies:  # dvc.yaml's predict@ stages, after the trains
                 seconds, _ = timed([*py, "pipeline.predict", name, *args.set], project, env)
                 result["seconds"][f"predict@{name}"] = seconds
                 print(f"e2e: predict@{name}: {seconds:.1f} s", flush=True)
+                write_result(result, "e2e", args.out)
             compare = ["pipeline.compare", f"strategies=[{','.join(args.strategies)}]", *args.set]
             result["seconds"]["compare"], _ = timed([*py, *compare], project, env)
         if not args.dvc:  # dvc repro's total is its own wall time
             result["seconds"]["total"] = sum(result["seconds"].values())
+        result["finished"] = True
     out = write_result(result, "e2e", args.out)
     print(f"e2e: {result['ran']}: {result['seconds']['total']:.0f} s; wrote {out}", flush=True)
     return result
