@@ -28,9 +28,9 @@ from pipeline.scaling.profile import (
     RankMemory,
     RankProfile,
     ReplicaProfile,
+    Replicas,
     StageProfile,
     measure_rank,
-    measure_replicas,
     measure_stages,
     pipeline_split,
     replica_split,
@@ -183,16 +183,17 @@ class Measurements:
 
     def __init__(self, spec: RunSpec[Any], device: torch.device, seconds: float) -> None:
         self.spec, self.device, self.seconds = spec, device, seconds
-        self._replicas: dict[tuple[int, ...], ReplicaProfile] = {}
+
+    @functools.cached_property
+    def _replicas(self) -> Replicas:
+        # on a CPU memory alone (REPLICAS_ON_A_CPU: nothing there predicts their time)
+        timed_s = self.seconds if self.device.type == "cuda" else None
+        return Replicas(self.spec, self.device, timed_s)
 
     def replicas(self, shares: list[int]) -> ReplicaProfile:
-        """DataParallel's replicas at `shares`; on a CPU their memory alone (REPLICAS_ON_A_CPU:
-        nothing there predicts their time, so nothing is timed)."""
-        key = tuple(shares)
-        if key not in self._replicas:
-            seconds = self.seconds if self.device.type == "cuda" else None
-            self._replicas[key] = measure_replicas(self.spec, shares, self.device, seconds)
-        return self._replicas[key]
+        """DataParallel's replicas at `shares`: each share and the optimizer's step measured
+        once, whichever N asked first."""
+        return self._replicas.profile(shares)
 
     @functools.cached_property
     def stages(self) -> StageProfile:

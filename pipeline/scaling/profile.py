@@ -20,6 +20,7 @@ not measured (docs/scaling.md says what that leaves out).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import itertools
 import math
@@ -380,45 +381,77 @@ def replica_split(name: str) -> Callable[[Any, Any, int], list[int]] | None:
     return getattr(module, "replica_shares", None)
 
 
-def measure_replicas(
-    spec: RunSpec[Any], shares: list[int], device: torch.device, seconds: float | None = TIMED_S
-) -> ReplicaProfile:
-    """Each distinct share of `shares`: the whole model's forward and backward at it, timed
-    on this device and at its peak (`tensors_at_peak`), after a first step that makes the
-    gradients and the optimizer's states; and device 0's optimizer step. `seconds` None:
-    memory only (a CPU's: nothing predicts the replicas' time there, REPLICAS_ON_A_CPU)."""
-    prec = build_precision(spec.train.precision, device, [None])
-    model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
-    model.train()
-    optimizer = make_optimizer(model.parameters(), spec.train)
-    share_s, memory = {}, {}
-    for share in sorted({s for s in shares if s > 0}):
-        images, labels = synthetic_split(share, seed=1)
-        x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(device, prec.dtype)
-        y = torch.as_tensor(labels).long().to(device)
+class Replicas:
+    """The whole model on this device as DataParallel's replicas run it, built once, after
+    a first step that makes the gradients and the optimizer's states: each share of a
+    micro-batch measured (`share`) and device 0's optimizer step (`optimizer_s`), each once
+    however many device counts ask for it. `seconds` None: memory only (a CPU's: nothing
+    predicts the replicas' time there, REPLICAS_ON_A_CPU)."""
 
-        def fwd_bwd(x: torch.Tensor = x, y: torch.Tensor = y) -> None:
-            with prec.autocast():
-                out = model(x)
+    def __init__(self, spec: RunSpec[Any], device: torch.device, seconds: float | None) -> None:
+        self.device, self.seconds = device, seconds
+        self.prec = build_precision(spec.train.precision, device, [None])
+        self.model = build_model(spec.model.width, spec.seed).to(device, self.prec.dtype)
+        self.model.train()
+        self.optimizer = make_optimizer(self.model.parameters(), spec.train)
+        self.share_s: dict[int, float] = {}
+        self.memory: dict[int, dict[str, int]] = {}
+        self.output_bytes_each = 0  # one sample's output, as the replicas return it
+
+    def share(self, share: int) -> None:
+        """The whole model's forward and backward at `share` samples: timed on this device,
+        and at its peak (`tensors_at_peak`)."""
+        if share in self.memory:
+            return
+        images, labels = synthetic_split(share, seed=1)
+        x = ((torch.as_tensor(images).float() / 255).unsqueeze(1)).to(self.device, self.prec.dtype)
+        y = torch.as_tensor(labels).long().to(self.device)
+
+        def fwd_bwd() -> None:
+            with self.prec.autocast():
+                out = self.model(x)
             F.cross_entropy(out.float(), y).backward()
 
         fwd_bwd()
-        optimizer.step()
-        if seconds is not None:
-            share_s[share] = timed(fwd_bwd, device, seconds)
-        memory[share] = tensors_at_peak(model, optimizer, fwd_bwd, device)
-    with torch.no_grad(), prec.autocast():  # one sample's output, as the replicas return it
-        one = model.eval()(x[:1])
-    state = itertools.chain(model.parameters(), model.buffers())
-    return ReplicaProfile(
-        shares=list(shares),
-        share_s=share_s,
-        optimizer_s=None if seconds is None else timed(optimizer.step, device, seconds),
-        memory=memory,
-        parameter_bytes=sum(t.numel() * t.element_size() for t in state),
-        input_bytes=sum(shares) * math.prod(INPUT_SHAPE) * torch.finfo(prec.dtype).bits // 8,
-        output_bytes=sum(shares) * one.numel() * one.element_size(),
-    )
+        self.optimizer.step()
+        if self.seconds is not None:
+            self.share_s[share] = timed(fwd_bwd, self.device, self.seconds)
+        self.memory[share] = tensors_at_peak(self.model, self.optimizer, fwd_bwd, self.device)
+        with torch.no_grad(), self.prec.autocast():
+            one = self.model.eval()(x[:1])
+        self.model.train()
+        self.output_bytes_each = one.numel() * one.element_size()
+
+    @functools.cached_property
+    def optimizer_s(self) -> float | None:
+        if self.seconds is None:
+            return None
+        return timed(self.optimizer.step, self.device, self.seconds)
+
+    def profile(self, shares: list[int]) -> ReplicaProfile:
+        """The replicas at `shares` (device 0 first), each share measured where it was not."""
+        for share in sorted({s for s in shares if s > 0}):
+            self.share(share)
+        state = itertools.chain(self.model.parameters(), self.model.buffers())
+        return ReplicaProfile(
+            shares=list(shares),
+            share_s={s: self.share_s[s] for s in shares if s in self.share_s},
+            optimizer_s=self.optimizer_s,
+            memory={s: self.memory[s] for s in shares if s in self.memory},
+            parameter_bytes=sum(t.numel() * t.element_size() for t in state),
+            input_bytes=sum(shares)
+            * math.prod(INPUT_SHAPE)
+            * torch.finfo(self.prec.dtype).bits
+            // 8,
+            output_bytes=sum(shares) * self.output_bytes_each,
+        )
+
+
+def measure_replicas(
+    spec: RunSpec[Any], shares: list[int], device: torch.device, seconds: float | None = TIMED_S
+) -> ReplicaProfile:
+    """DataParallel's replicas of `spec` at `shares`, measured afresh (`Replicas`)."""
+    return Replicas(spec, device, seconds).profile(shares)
 
 
 def measure_stages(

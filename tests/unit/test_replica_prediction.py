@@ -10,7 +10,7 @@ from pipeline.config import load_config
 from pipeline.run_spec import resolve_run
 from pipeline.scaling.links import Link
 from pipeline.scaling.prediction import DataSize, peak_mib, replica_memories, replica_traffic
-from pipeline.scaling.profile import ReplicaProfile, measure_replicas, replica_split
+from pipeline.scaling.profile import ReplicaProfile, Replicas, measure_replicas, replica_split
 from pipeline.scaling.step_time import (
     BROADCAST,
     GATHER,
@@ -114,3 +114,21 @@ def test_measured_on_the_cpu_a_larger_share_holds_more_activations():
     assert small["Parameter"] == large["Parameter"] > 0  # the same module at every share
     assert measured.output_bytes == 32 * 10 * 4  # fp32 logits of the whole micro-batch
     assert measured.input_bytes == 32 * 28 * 28 * 4
+
+
+def test_each_share_and_the_optimizer_step_are_measured_once_for_every_device_count():
+    cfg = load_config(None, ["model.width=4", "train.batch_size=32", "train.precision=fp32"])
+    replicas = Replicas(resolve_run(cfg, "dp"), CPU, 1e-6)
+    at_2, at_4 = replicas.profile([16, 16]), replicas.profile([8, 8, 8, 8])
+    assert set(at_2.memory) == {16} and set(at_4.memory) == {8}  # each N sees its own shares
+    again = replicas.profile([16, 16])  # another N asking for a share already measured
+    assert again.share_s == at_2.share_s and again.memory == at_2.memory
+    assert at_2.optimizer_s == at_4.optimizer_s > 0  # N does not change device 0's step
+    assert set(replicas.share_s) == {8, 16}
+
+
+def test_on_a_cpu_the_replicas_are_measured_for_memory_alone():
+    cfg = load_config(None, ["model.width=4", "train.batch_size=32", "train.precision=fp32"])
+    measured = measure_replicas(resolve_run(cfg, "dp"), [16, 16], CPU, None)
+    assert measured.share_s == {} and measured.optimizer_s is None  # nothing timed
+    assert measured.memory[16]["Activation"] > 0
