@@ -433,16 +433,14 @@ class Replicas:
         for share in sorted({s for s in shares if s > 0}):
             self.share(share)
         state = itertools.chain(self.model.parameters(), self.model.buffers())
+        input_bytes_each = math.prod(INPUT_SHAPE) * torch.finfo(self.prec.dtype).bits // 8
         return ReplicaProfile(
             shares=list(shares),
             share_s={s: self.share_s[s] for s in shares if s in self.share_s},
             optimizer_s=self.optimizer_s,
             memory={s: self.memory[s] for s in shares if s in self.memory},
             parameter_bytes=sum(t.numel() * t.element_size() for t in state),
-            input_bytes=sum(shares)
-            * math.prod(INPUT_SHAPE)
-            * torch.finfo(self.prec.dtype).bits
-            // 8,
+            input_bytes=sum(shares) * input_bytes_each,
             output_bytes=sum(shares) * self.output_bytes_each,
         )
 
