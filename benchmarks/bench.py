@@ -197,6 +197,7 @@ class ProjectRow:
         self.trainer = Trainer(self.training, ctx, StopRequest())
         self.notes = list(self.training.notes)
         self.index, self.history = 0, list[EpochRow]()
+        self.losses: list[float] = []
         self.tracker = None if tracker_dir is None else start_tracker(cfg, ctx, name, tracker_dir)
 
     def epoch(self) -> float:
@@ -206,6 +207,7 @@ class ProjectRow:
         wait_for_device(self.ctx.device)
         loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
         self.totals.zero_()
+        self.losses.append(loss_sum / count)  # the epoch's mean training loss
         self.index += 1
         if self.tracker is not None:
             seconds = time.perf_counter() - start
@@ -380,6 +382,30 @@ def build_rows(
     return rows, skipped
 
 
+def take_turns(rows: list, rounds: int, who: str) -> tuple[dict[str, list[float]], dict]:
+    """Each row's `epoch()` in turn, `rounds` times, so that a change in the machine's load
+    falls on every row alike: each row's seconds per round, and the rows that failed (a
+    row's first error in a line: one row must not sink the run)."""
+    failed: dict[str, str] = {}
+    times: dict[str, list[float]] = {row.name: [] for row in rows}
+    for round_ in range(rounds):
+        for row in [r for r in rows if r.name not in failed]:
+            try:
+                seconds = row.epoch()
+            except Exception as err:  # noqa: BLE001 - one row must not sink the run
+                first = (str(err).splitlines() or [""])[0]
+                failed[row.name] = f"{type(err).__name__}: {first}"
+                print(f"{who}: {row.name} failed: {failed[row.name]}", file=sys.stderr, flush=True)
+                continue
+            times[row.name].append(seconds)
+            print(
+                f"{who}: round {round_ + 1}/{rounds} {row.name}: {seconds:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return times, failed
+
+
 def paired_ratio(times: dict[str, list[float]], row: str, ref: str) -> float:
     """Median over rounds of row's epoch time / ref's epoch time in the same round."""
     return statistics.median(a / b for a, b in zip(times[row], times[ref]))
@@ -470,28 +496,7 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             load_before = os.getloadavg()
             rows, skipped = build_rows(args, cfg_for, ctx, data, raw_dir, Path(work))
-            failed: dict[str, str] = {}
-            times: dict[str, list[float]] = {row.name: [] for row in rows}
-            for round_ in range(args.warmup + args.epochs):
-                for row in [r for r in rows if r.name not in failed]:
-                    try:
-                        seconds = row.epoch()
-                    except Exception as err:  # noqa: BLE001 - one row must not sink the run
-                        first = (str(err).splitlines() or [""])[0]
-                        failed[row.name] = f"{type(err).__name__}: {first}"
-                        print(
-                            f"bench: {row.name} failed: {failed[row.name]}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        continue
-                    times[row.name].append(seconds)
-                    print(
-                        f"bench: round {round_ + 1}/{args.warmup + args.epochs} {row.name}: "
-                        f"{seconds:.2f} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            times, failed = take_turns(rows, args.warmup + args.epochs, "bench")
             for row in rows:
                 getattr(row, "close", lambda: None)()
             rows = [r for r in rows if r.name not in failed]

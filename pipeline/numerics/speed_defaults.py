@@ -1,8 +1,9 @@
 """`auto` speed settings: on a GPU, each strategy's fastest correct ones as a GPU measurement
 chose them (issue 49); on the CPU, what was measured there (eager steps). The one seam
 between what params.yaml asks for and what a run applies: a strategy not measured on a GPU
-yet runs eagerly there, and its notes say so, until a measurement (make gpu-check, issue 49's
-benchmarks) puts it in MEASURED_ON_GPU with its evidence.
+yet runs eagerly there, and its notes say so, until a measurement puts it in MEASURED_ON_GPU
+with its evidence: benchmarks/choose_defaults.py on a GPU prints the entries (each strategy
+eager against its step captured, at world size 1, the fastest that trained alike).
 
 Pure: tested without a GPU (tests/unit/test_speed_defaults.py).
 """
