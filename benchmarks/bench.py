@@ -34,6 +34,7 @@ benchmarks/results/<machine>-<date>.json with the targets for this kind of devic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,7 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import date
 from pathlib import Path
 from typing import Optional
@@ -382,6 +383,23 @@ def build_rows(
     return rows, skipped
 
 
+@contextlib.contextmanager
+def one_rank_group(device: torch.device, work: Path) -> Iterator[None]:
+    """A process group of one rank, for the strategies that need one (ddp, fsdp) built in
+    this process; a file store in `work` needs no free port."""
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        rank=0,
+        world_size=1,
+        store=dist.FileStore(str(work / "store"), 1),
+        device_id=device if device.type == "cuda" else None,
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def take_turns(rows: list, rounds: int, who: str) -> tuple[dict[str, list[float]], dict]:
     """Each row's `epoch()` in turn, `rounds` times, so that a change in the machine's load
     falls on every row alike: each row's seconds per round, and the rows that failed (a
@@ -484,25 +502,14 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"--limit-train {args.limit_train} is smaller than --batch-size")
     raw_dir = args.data / "raw"
     label, info = machine(device)
-    with tempfile.TemporaryDirectory() as work:
-        # one process group of one rank for ddp and fsdp; a file store needs no free port
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            rank=0,
-            world_size=1,
-            store=dist.FileStore(str(Path(work) / "store"), 1),
-            device_id=device if cuda else None,
-        )
-        try:
-            load_before = os.getloadavg()
-            rows, skipped = build_rows(args, cfg_for, ctx, data, raw_dir, Path(work))
-            times, failed = take_turns(rows, args.warmup + args.epochs, "bench")
-            for row in rows:
-                getattr(row, "close", lambda: None)()
-            rows = [r for r in rows if r.name not in failed]
-            load_after = os.getloadavg()
-        finally:
-            dist.destroy_process_group()
+    with tempfile.TemporaryDirectory() as work, one_rank_group(device, Path(work)):
+        load_before = os.getloadavg()
+        rows, skipped = build_rows(args, cfg_for, ctx, data, raw_dir, Path(work))
+        times, failed = take_turns(rows, args.warmup + args.epochs, "bench")
+        for row in rows:
+            getattr(row, "close", lambda: None)()
+        rows = [r for r in rows if r.name not in failed]
+        load_after = os.getloadavg()
 
     flops = flops_per_image(args.width)
     peaks: dict = {}

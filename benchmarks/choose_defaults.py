@@ -30,9 +30,8 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from benchmarks.bench import REPO, ProjectRow, machine, take_turns, write_result
+from benchmarks.bench import REPO, ProjectRow, machine, one_rank_group, take_turns, write_result
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.scaling.profile import synthetic_data
@@ -107,31 +106,20 @@ def main(argv: list[str] | None = None) -> dict:
     rounds = args.warmup + args.epochs
     data = synthetic_data(args.limit_train, device)
     label, info = machine(device)
-    with tempfile.TemporaryDirectory() as work:
-        # one process group of one rank for ddp and fsdp; a file store needs no free port
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            rank=0,
-            world_size=1,
-            store=dist.FileStore(str(Path(work) / "store"), 1),
-            device_id=device if cuda else None,
-        )
-        try:
-            built, unbuilt = [], {}
-            for name in args.strategies:
-                for setting in settings_of(name):
-                    extra = [f"train.epochs={rounds}", f"train.cuda_graph={setting}"]
-                    cfg = load_config(REPO / "params.yaml", [*args.set, *extra])
-                    try:
-                        row = ProjectRow(f"{name}/{setting}", name, cfg, ctx, data, Path(work))
-                    except Exception as err:  # noqa: BLE001 - one row must not sink the run
-                        unbuilt[f"{name}/{setting}"] = f"{type(err).__name__}: {err}"[:300]
-                        continue
-                    built.append((row, name, setting))
-            times, failed = take_turns([row for row, _, _ in built], rounds, "choose_defaults")
-            failed.update(unbuilt)
-        finally:
-            dist.destroy_process_group()
+    with tempfile.TemporaryDirectory() as work, one_rank_group(device, Path(work)):
+        built, unbuilt = [], {}
+        for name in args.strategies:
+            for setting in settings_of(name):
+                extra = [f"train.epochs={rounds}", f"train.cuda_graph={setting}"]
+                cfg = load_config(REPO / "params.yaml", [*args.set, *extra])
+                try:
+                    row = ProjectRow(f"{name}/{setting}", name, cfg, ctx, data, Path(work))
+                except Exception as err:  # noqa: BLE001 - one row must not sink the run
+                    unbuilt[f"{name}/{setting}"] = f"{type(err).__name__}: {err}"[:300]
+                    continue
+                built.append((row, name, setting))
+        times, failed = take_turns([row for row, _, _ in built], rounds, "choose_defaults")
+        failed.update(unbuilt)
 
     rows = {
         row.name: {

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from benchmarks.bench import REPO, flops_per_image
+from benchmarks.bench import REPO, flops_per_image, one_rank_group
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
@@ -54,47 +53,37 @@ def main(argv: list[str] | None = None) -> None:
     batch = cfg.train.batch_size
     limit = batch * (args.warmup + args.steps)
     data = to_device(load_tensors(args.data), device, limit, None)
-    with tempfile.TemporaryDirectory() as work:
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            rank=0,
-            world_size=1,
-            store=dist.FileStore(str(Path(work) / "store"), 1),
-            device_id=device if cuda else None,
+    with tempfile.TemporaryDirectory() as work, one_rank_group(device, Path(work)):
+        torch.manual_seed(cfg.seed)
+        spec = resolve_run(cfg, args.strategy)
+        plan = spec.job_plan(1, len(data.train_labels))
+        training, _ = build_training(spec, ctx, data, plan).started(None)
+        loader = training.loader
+        totals = torch.zeros(3, device=device, dtype=torch.float64)
+        trainer = Trainer(training, ctx, StopRequest())
+
+        def steps(n: int, start: int) -> None:
+            # train_epoch over a slice of the epoch: the loader's steps start..start+n
+            loader.steps, real = start + n, loader.steps
+            trainer.train_epoch(0, start, totals)
+            loader.steps = real
+
+        steps(args.warmup, 0)
+        wait_for_device(device)
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if cuda else []
         )
-        try:
-            torch.manual_seed(cfg.seed)
-            spec = resolve_run(cfg, args.strategy)
-            plan = spec.job_plan(1, len(data.train_labels))
-            training, _ = build_training(spec, ctx, data, plan).started(None)
-            loader = training.loader
-            totals = torch.zeros(3, device=device, dtype=torch.float64)
-            trainer = Trainer(training, ctx, StopRequest())
-
-            def steps(n: int, start: int) -> None:
-                # train_epoch over a slice of the epoch: the loader's steps start..start+n
-                loader.steps, real = start + n, loader.steps
-                trainer.train_epoch(0, start, totals)
-                loader.steps = real
-
-            steps(args.warmup, 0)
-            wait_for_device(device)
-            activities = [torch.profiler.ProfilerActivity.CPU] + (
-                [torch.profiler.ProfilerActivity.CUDA] if cuda else []
-            )
-            with torch.profiler.profile(activities=activities) as prof:
-                start = time.perf_counter()
-                steps(args.steps, args.warmup)
-                wait_for_device(device)
-                wall = (time.perf_counter() - start) / args.steps
-            # a second, unprofiled pass: the profiler's own overhead inflates the first
-            loader.steps = args.warmup + args.steps
+        with torch.profiler.profile(activities=activities) as prof:
             start = time.perf_counter()
-            trainer.train_epoch(1, args.warmup, totals)
+            steps(args.steps, args.warmup)
             wait_for_device(device)
-            plain = (time.perf_counter() - start) / args.steps
-        finally:
-            dist.destroy_process_group()
+            wall = (time.perf_counter() - start) / args.steps
+        # a second, unprofiled pass: the profiler's own overhead inflates the first
+        loader.steps = args.warmup + args.steps
+        start = time.perf_counter()
+        trainer.train_epoch(1, args.warmup, totals)
+        wait_for_device(device)
+        plain = (time.perf_counter() - start) / args.steps
 
     events = prof.key_averages()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
