@@ -67,6 +67,9 @@ class Training:
     # the step divides it by its forwards (trainer.py)
     loss_fn: Loss
     schedule: LrSchedule  # the learning rate of each global step, from the plan
+    # the devices whose allocator peaks this process reads ([] on the CPU: its RSS), derived
+    # once from the run's devices (memory.local_devices), which `started` keeps
+    memory_devices: list[torch.device]
 
     def started(
         self, kept: Optional[Decided], say: Callable[[str], None] = lambda line: None
@@ -158,6 +161,7 @@ def build_training(
         loss_fn=loss_function(train, schedule_owns_loss=pipelined),
         schedule=LrSchedule.of(train, plan.steps),
         graphed=GraphedStep(optimizer, device) if graphed else None,
+        memory_devices=memory.local_devices(run.devices, ctx),
     )
 
 

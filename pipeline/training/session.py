@@ -86,7 +86,7 @@ def live_progress(
     if not training.run.writer:
         return None
     settings = LiveSettings(terminal_columns, spec.report.log_every_s, spec.mlflow.log_every_steps)
-    devices = memory.local_devices(training.run.devices, ctx)
+    devices = training.memory_devices
     return LiveProgress(
         settings,
         spec.name,

@@ -89,7 +89,7 @@ class Trainer:
             session.policy,
             session.recorder,
         )
-        meter = Meter(memory.local_devices(self.training.run.devices, self.ctx), self.ctx)
+        meter = Meter(self.training.memory_devices, self.ctx)
         meter.wall_before, ok = progress.wall_seconds, False
         try:
             self.hooks.at("start")
@@ -296,7 +296,7 @@ class Trainer:
     def out_of_memory(self, spec: RunSpec[Any], err: BaseException, at: Progress) -> DidNotFit:
         """The record of this rank's run out of memory: where, at what batch, from what peak."""
         run, ctx, plan = self.training.run, self.ctx, self.training.plan
-        devices = memory.local_devices(run.devices, ctx)
+        devices = self.training.memory_devices
         peaks = {p.label: p.allocated_mib for p in memory.read_peaks(devices, ctx)}
         gpu = re.search(r"GPU (\d+)", str(err))  # torch names the device that ran out
         failed_on = (
