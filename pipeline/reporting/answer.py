@@ -15,9 +15,10 @@ far apart single and the strategies that ran its very computation here came out)
 memory rankings and throughput, when they differ by no more than the larger of the
 two strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of
 one run's memory measurement; results.steady_spread: the max - min of samples/s over the
-steady epochs); tied strategies are all recommended, the best exact figure first. Without a
-spread (one epoch; one steady epoch for throughput) the answer says the difference is
-untested. Where the speed objectives set runs against each other whose speed options differ
+steady epochs); tied strategies are all recommended, the best exact figure first, and the one
+whose model stands for them in MLflow is picked by a rule that reads no figure (`tie_pick`).
+Without a spread (one epoch; one steady epoch for throughput) the answer says the difference
+is untested. Where the speed objectives set runs against each other whose speed options differ
 (precision, channels_last, compile, CUDA graphs: RunSummary.speed_features), a reason says so:
 the difference is not the strategies' alone.
 
@@ -46,6 +47,7 @@ from pipeline.reporting.speed_noise import (
 )
 from pipeline.reporting.table import BASELINE, Row, features_text
 from pipeline.results import WARMUP_STANDS_IN, device_of
+from pipeline.strategies import NAMES
 from pipeline.tracking.comparison_run import RECOMMENDED, Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
@@ -85,6 +87,9 @@ class Recommendation:
     strategies: tuple[str, ...]
     reasons: tuple[str, ...]
     accuracy: tuple[str, ...] = ()
+    # the one of `strategies` whose model stands for the objective in MLflow (`tie_pick`);
+    # None where it recommends none
+    pick: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,16 @@ class Answer:
         """(objective, strategy) whose model the compare stage registers: the throughput
         pick, else the first objective that recommends one; None if none does."""
         ordered = sorted(self.recommendations, key=lambda r: r.objective != REGISTERED_OBJECTIVE)
-        return next(((r.objective, r.strategies[0]) for r in ordered if r.strategies), None)
+        return next(((r.objective, r.pick) for r in ordered if r.pick is not None), None)
+
+
+def tie_pick(tied: Sequence[Row]) -> str:
+    """The one of tied strategies whose model an objective registers: the one on the fewest
+    devices, then the first in the registry's order (single, dp, ... : the simplest first).
+    A difference within the noise is no reason to take more devices or a wrapper, and a rule
+    that reads no figure picks the same strategy whichever of them the noise put ahead."""
+    first = min(tied, key=lambda r: (r["n_devices"], NAMES.index(r["strategy"])))
+    return str(first["strategy"])
 
 
 # --- the noise rule -----------------------------------------------------------------------
@@ -350,10 +364,15 @@ def _recommend(
     tied = {id(r) for r, _ in winners}  # not always the first ones: each has its own spread
     rest = [(r, v) for r, v in ranked if id(r) not in tied]
     names = tuple(r["strategy"] for r, _ in winners)
+    pick = tie_pick([r for r, _ in winners])
     reasons = []
     if len(winners) > 1:
         cells = "; ".join(objective.describe(r, v) for r, v in winners)
         reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floor)} ({cells})")
+    if pick != names[0]:
+        alike = len({r["n_devices"] for r, _ in winners}) == 1
+        why = "the simplest of them" if alike else "the simplest on the fewest devices"
+        reasons.append(f"{pick}'s model stands for them in MLflow: {why}")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
     compared: list[str] = list(names[1:])  # what the reasons set the winner against
     if objective.key == "memory_balance":
@@ -392,7 +411,7 @@ def _recommend(
     if turns:
         reasons.append(left_out)
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
-    return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy)
+    return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy, pick)
 
 
 def _tie_kind(
@@ -651,6 +670,7 @@ def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[s
             r.objective: {
                 "title": r.title,
                 "strategies": list(r.strategies),
+                "pick": r.pick,  # the one whose model is the objective's MLflow alias
                 "reasons": list(r.reasons),
                 "accuracy": list(r.accuracy),
             }

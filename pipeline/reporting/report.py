@@ -196,7 +196,7 @@ def register(
     if choice is None:
         return None
     strategy = choice[1]
-    picks = {r.objective: r.strategies[0] for r in answered.recommendations if r.strategies}
+    picks = {r.objective: r.pick for r in answered.recommendations if r.pick is not None}
     run_ids = {r["strategy"]: r["mlflow_run_id"] for r in rows}
 
     def title(s: str) -> str:  # what the strategy is recommended for: "highest throughput"

@@ -1,6 +1,7 @@
 """The report's answer (pipeline/reporting/answer.py): one recommendation per objective from
 the table's rows, its reasons in measured numbers, the noise rule, the source notes' claim."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -103,6 +104,27 @@ def test_a_tie_recommends_every_tied_strategy():
     assert answer.recommend(rows_of([SINGLE, DDP, fsdp]), TARGET).choice() == ("throughput", "ddp")
 
 
+def test_a_tie_is_registered_as_its_strategy_on_the_fewest_devices_then_the_simplest():
+    """`tie_pick` reads no figure: the same strategy whatever order the tied come in."""
+    devices = {"single": 1, "dp": 1, "balanced_dp": 1, "ddp": 2, "fsdp": 2}
+    devices["pipeline_parallel"] = 2
+    cases = [
+        (["ddp", "single"], "single"),  # fewer devices
+        (["balanced_dp", "dp"], "dp"),  # as many: the registry's order
+        (["pipeline_parallel", "fsdp", "ddp"], "ddp"),
+        (["pipeline_parallel", "balanced_dp", "fsdp"], "balanced_dp"),
+    ]
+    for tied, expected in cases:
+        for order in itertools.permutations(tied):
+            rows = [{"strategy": name, "n_devices": devices[name]} for name in order]
+            assert answer.tie_pick(rows) == expected, order
+    # ddp on one device against dp over two: the fewer devices outrank the registry's order
+    assert (
+        answer.tie_pick([{"strategy": "ddp", "n_devices": 1}, {"strategy": "dp", "n_devices": 2}])
+        == "ddp"
+    )
+
+
 def test_figures_that_read_apart_are_no_tie():
     fsdp = run("fsdp", ["cuda:0", "cuda:1"], 4.0, 0.88, {"gpu_0": 62.0, "gpu_1": 58.0})
     rec = by_objective(answer.recommend(rows_of([DDP, fsdp]), TARGET))
@@ -126,6 +148,11 @@ def test_memory_rankings_call_a_difference_within_the_spread_a_tie():
         row["peak_memory_spread_mib"] = spread
     tied = by_objective(answer.recommend(rows, TARGET))["peak_memory"]
     assert tied.strategies == ("pipeline_parallel", "single")  # the lower figure first
+    # its MLflow alias: single's, on one GPU against the pipeline's two
+    assert tied.pick == "single"
+    assert tied.reasons[1] == (
+        "single's model stands for them in MLflow: the simplest on the fewest devices"
+    )
     assert tied.reasons[0] == (
         "pipeline_parallel and single tie within the spread (pipeline_parallel 97 MiB (gpu_0); "
         "single 100 MiB (gpu_0))"
@@ -335,6 +362,7 @@ def test_the_answer_as_markdown_html_and_json():
     assert "<code>dvc exp run --queue -S seed=1,2,3</code>" in one
     data = json.loads(json.dumps(answer.to_json(a, registration("3"))))
     assert data["objectives"]["throughput"]["strategies"] == ["ddp"]
+    assert data["objectives"]["throughput"]["pick"] == "ddp"
     assert data["registered_model"]["uri"] == "models:/parallel-lab/3"
     assert data["notes_claim"]["notes"]["single_epoch_s"] == 14.0
     assert data["notes_claim"]["measured"]["dp_devices"] == 2

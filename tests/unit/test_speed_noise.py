@@ -104,6 +104,22 @@ def test_the_issues_first_cpu_quickstart_is_a_tie_not_a_win():
     assert any(r.startswith(floor_line) for r in rec["throughput"].reasons)
 
 
+def test_a_tie_registers_single_whichever_of_it_the_noise_put_ahead():
+    """The same tie both ways round and in every report order: the model that stands for it
+    in MLflow (`Answer.choice`, the `@recommended` alias) is single's, which needs no more
+    devices than dp and no wrapper; the reasons say so where the figures put dp first."""
+    fast, slow = [3.46, 2.54, 2.82], [5.64, 3.70, 3.85]
+    for dp_epochs, single_epochs in ((fast, slow), (slow, fast)):
+        rows = rows_of(run("single", single_epochs), run("dp", dp_epochs))
+        for order in itertools.permutations(rows):
+            a = answer.recommend(list(order), None)
+            assert a.choice() == ("throughput", "single"), (dp_epochs, order)
+            said = "single's model stands for them in MLflow: the simplest of them"
+            assert (said in a.recommendations[1].reasons) == (
+                a.recommendations[1].strategies[0] == "dp"
+            )
+
+
 def test_a_strategy_beyond_the_floor_still_wins_and_one_within_it_ties():
     group = [run("single", [3, 2.0, 2.0]), run("dp", [3, 2.1, 2.1])]  # floor 5%
     far = run("ddp", [3, 1.5, 1.5])  # 1.33x the best of them
