@@ -56,9 +56,20 @@ def markdown_page(
     ]
     parts += [f"![{name}]({name})\n" for name in PLOTS]
     parts += [APPENDIX, "## Notes\n"] + [
-        f"- {r['strategy']}: {n}" for r in rows for n in r["notes"]
+        f"- {', '.join(names)}: {note}" for names, note in grouped_notes(rows)
     ]
     return "\n".join(parts) + "\n"
+
+
+def grouped_notes(rows: list[Row]) -> list[tuple[list[str], str]]:
+    """Each run's notes, a note that several strategies share said once with their names (on
+    a CPU every run notes that evaluation's memory is not separable), in the rows' order. A
+    strategy's own note that starts with its name (as its log says it) loses that here."""
+    names: dict[str, list[str]] = {}
+    for r in rows:
+        for note in r["notes"]:
+            names.setdefault(note.removeprefix(f"{r['strategy']}: "), []).append(r["strategy"])
+    return [(strategies, note) for note, strategies in names.items()]
 
 
 def html_page(
@@ -82,9 +93,8 @@ def html_page(
         for name in PLOTS
     )
     notes = "".join(
-        f"<li><b>{html.escape(r['strategy'])}</b>: {html.escape(n)}</li>"
-        for r in rows
-        for n in r["notes"]
+        f"<li><b>{html.escape(', '.join(names))}</b>: {html.escape(note)}</li>"
+        for names, note in grouped_notes(rows)
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{TITLE}</title>

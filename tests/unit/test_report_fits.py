@@ -15,7 +15,7 @@ import pytest
 from pipeline import results
 from pipeline.config import MlflowConfig, ReportConfig
 from pipeline.reporting import answer, device_table, table
-from pipeline.reporting.pages import html_page
+from pipeline.reporting.pages import grouped_notes, html_page
 from pipeline.reporting.plots import PLOTS
 from pipeline.reporting.report import write_report
 from pipeline.results import EpochRow, RunSummary
@@ -194,3 +194,19 @@ def test_the_page_has_no_text_a_browser_cannot_break(nodes, tmp_path):
     page = html_page(table_rows, TARGET, None, tmp_path, answered, REGISTERED)
     text = html.unescape(re.sub(r"<[^>]+>", " ", page.split("<body>", 1)[1]))
     assert max(len(word) for word in text.split()) <= 70
+
+
+def test_a_note_several_runs_share_is_said_once_with_their_names():
+    shared = "memory: evaluation's peak is not separable on CPU"
+    rows = [
+        {"strategy": "single", "notes": [shared]},
+        {"strategy": "dp", "notes": ["dp on 1 device (cpu): runs unsplit", shared]},
+        {"strategy": "ddp", "notes": [shared]},
+        {"strategy": "fsdp", "notes": []},
+        {"strategy": "pipeline_parallel", "notes": ["pipeline_parallel: blocks split at [3]"]},
+    ]
+    assert grouped_notes(rows) == [
+        (["single", "dp", "ddp"], shared),
+        (["dp"], "dp on 1 device (cpu): runs unsplit"),
+        (["pipeline_parallel"], "blocks split at [3]"),  # its name is the row's already
+    ]
