@@ -223,7 +223,7 @@ def cells(
         mine, theirs = memory_checked
         peak += f" (shared-device {theirs:.0f}, {mine / theirs - 1:+.0%})"
     band = f"±{row['band']:.0%}" if row.get("band") is not None else "unchecked"
-    measured = "" if checked is None else f"{checked[1]:.2f} ({checked[0] / checked[1] - 1:+.0%})"
+    measured = "" if checked is None else measured_cell(*checked, row.get("band"))
     speedup = row.get("predicted_speedup")
     return [
         row["strategy"],
@@ -235,6 +235,15 @@ def cells(
         peak,
         measured,
     ]
+
+
+def measured_cell(predicted_s: float, measured_s: float, band: float | None) -> str:
+    """A real run's steady s/epoch beside the prediction: the error (predicted / measured - 1,
+    as the band was checked: checked.py) and whether it fell inside the band shown."""
+    error = predicted_s / measured_s - 1
+    inside = band is not None and abs(error) <= band
+    verdict = "" if band is None else f", {'within' if inside else 'outside'} its band"
+    return f"{measured_s:.2f} ({error:+.0%}{verdict})"
 
 
 HEADER = [

@@ -58,7 +58,14 @@ def test_a_run_on_n_devices_at_the_same_settings_checks_the_prediction():
     checked = predicted.comparisons(document(), [run_row()], {"ddp": CONFIG})
     assert checked == {("2", "ddp"): (2.0, 2.5)}
     md = predicted.markdown(document(), [run_row()], {"ddp": CONFIG})
-    assert "2.50 (-20%)" in md
+    assert "2.50 (-20%, within its band)" in md  # the band: ±23%
+
+
+def test_a_measured_error_beyond_the_band_says_so():
+    assert predicted.measured_cell(2.0, 2.5, 0.23) == "2.50 (-20%, within its band)"
+    assert predicted.measured_cell(2.0, 3.2, 0.34) == "3.20 (-38%, outside its band)"
+    assert predicted.measured_cell(2.0, 1.6, 0.23) == "1.60 (+25%, outside its band)"
+    assert predicted.measured_cell(2.0, 2.5, None) == "2.50 (-20%)"  # no band to be inside
 
 
 @pytest.mark.parametrize(
