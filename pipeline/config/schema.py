@@ -286,7 +286,8 @@ class PredictConfig:
     then only say so, in a fraction of a second)."""
     time_s: float = field(default=2.0, metadata={"min_exclusive": 0.0})
     """Seconds each rank's steps are timed, after half as long untimed: longer is steadier,
-    shorter quicker. The error bands were checked at 2 (docs/scaling.md)."""
+    shorter quicker. The error bands were checked at 2 and 0.5, wider at 0.5; a prediction
+    is shown with those of the longest checked timing within its own (docs/scaling.md)."""
     link: str = "auto"
     """The link between the devices: nvlink-h100 | pcie | ib-ndr | ethernet-100g (nccl-tests
     bus bandwidths), a number in GB/s, or the path of an nccl-tests all_reduce_perf output;

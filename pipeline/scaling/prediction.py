@@ -9,7 +9,7 @@ own split, balanced_dp's gpu0_bsz included), their scatter, replicate, gather an
 reduce modelled (step_time.replicated_step), and each device's memory built from its share's
 peak: device 0 also holds the optimizer state, the gathered outputs and the data. On a CPU
 DataParallel runs unsplit, so there only their memory is predicted (REPLICAS_ON_A_CPU); on a
-GPU their time too. No real multi-GPU run has checked either (checked.BAND has no band)."""
+GPU their time too. No real multi-GPU run has checked either (checked.BANDS has no band)."""
 
 from __future__ import annotations
 

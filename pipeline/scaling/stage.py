@@ -18,7 +18,7 @@ from pipeline.errors import UserError
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.checked import BAND, band_text
+from pipeline.scaling.checked import band, band_text
 from pipeline.scaling.gloo_link import measure_gloo_link
 from pipeline.scaling.links import PRESETS, Link, check_link
 from pipeline.scaling.prediction import LEAVES_OUT, DataSize, Measurements, predict
@@ -92,8 +92,8 @@ def predict_strategy(
             "train_samples": data.train,
             "test_samples": data.test,
         },
-        "band": BAND.get(name),
-        "checked": band_text(name, device.type == "cuda"),
+        "band": band(name, cfg.predict.time_s),
+        "checked": band_text(name, device.type == "cuda", cfg.predict.time_s),
         "leaves_out": list(LEAVES_OUT),
         "by_devices": {},
     }

@@ -115,8 +115,8 @@ def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, m
     figures = {"step_s", "epoch_s", "samples_per_s"}
     assert {f"predicted_{f}" for f in figures} <= set(row) and not figures & set(row)
     assert row["steps_per_epoch"] == 60000 // 32  # the full set: nothing fetched here
-    assert docs["ddp"]["band"] == checked.BAND["ddp"]
-    assert checked.CHECKED_BY in docs["ddp"]["checked"]
+    # timed for FEW seconds, shorter than any check: shown with no band, and why
+    assert docs["ddp"]["band"] is None and "shorter than any check" in docs["ddp"]["checked"]
     # more processes than cores: said why, not predicted
     assert "at most" in docs["ddp"]["by_devices"][str(cores + 1)]["not_predicted"]
     shown = combine(docs)
@@ -138,12 +138,36 @@ def test_every_figure_of_the_documents_is_a_prediction_with_its_band(tmp_path, m
 
 
 def test_the_bands_are_the_committed_checks_largest_errors():
-    """Rounded up to the next percent, per strategy, over every round of the check."""
-    result = json.loads((REPO / checked.CHECKED_BY).read_text())
-    for name, band in checked.BAND.items():
-        errors = [abs(r["strategies"][name]["error"]) for r in result["rounds"]]
-        assert band == math.ceil(max(errors) * 100) / 100, name
-    assert set(checked.BAND) == {"single", "ddp", "fsdp", "pipeline_parallel"}
+    """Rounded up to the next percent, per timing and strategy, over every round of the checks
+    that timed each rank for that long."""
+    assert set(checked.BANDS) == set(checked.CHECKED_BY)
+    for timing, files in checked.CHECKED_BY.items():
+        results = [json.loads((REPO / path).read_text()) for path in files]
+        for result in results:
+            overrides = result["settings"]["overrides"]
+            timed = [float(o.split("=")[1]) for o in overrides if o.startswith("predict.time_s=")]
+            assert (timed or [2.0])[-1] == timing, files  # 2: params.yaml's, unless overridden
+        for name, band in checked.BANDS[timing].items():
+            errors = [abs(r["strategies"][name]["error"]) for res in results for r in res["rounds"]]
+            assert band == math.ceil(max(errors) * 100) / 100, (timing, name)
+        assert set(checked.BANDS[timing]) == {"single", "ddp", "fsdp", "pipeline_parallel"}
+
+
+def test_a_prediction_gets_the_bands_of_the_longest_checked_timing_within_its_own():
+    assert checked.band("ddp", 2.0) == checked.BANDS[2.0]["ddp"]
+    assert checked.band("ddp", 10.0) == checked.BANDS[2.0]["ddp"]  # timed longer than checked
+    assert checked.band("ddp", 1.0) == checked.BANDS[0.5]["ddp"]
+    assert checked.band("ddp", 0.5) == checked.BANDS[0.5]["ddp"] > checked.BANDS[2.0]["ddp"]
+    assert checked.band("ddp", 0.4) is None and checked.band("dp", 2.0) is None
+    assert checked.band_text("ddp", False, 0.5).startswith(
+        "±39% on 2 CPU processes, each rank timed for 0.5 s (benchmarks/results/scaling-check/"
+    )
+    assert checked.band_text("ddp", False, 0.4) == (
+        "no band: each rank timed for 0.4 s, shorter than any check (0.5 s and longer; "
+        "predict.time_s)"
+    )
+    assert checked.band_text("dp", True, 2.0) == "no band: not checked against a real run"
+    assert checked.band_text("fsdp", True, 2.0).endswith(checked.UNCHECKED_ON_GPUS)
 
 
 def test_a_bad_link_is_refused_in_one_line_naming_the_key(tmp_path):
