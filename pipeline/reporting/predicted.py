@@ -141,6 +141,18 @@ def footer(predicted: dict[str, Any]) -> list[str]:
         for n, by_name in predicted["by_devices"].items()
         if by_name and not predicted_at(by_name)
     ]
+    # where others are: those left out of N's table, a line per reason
+    for n, by_name in predicted["by_devices"].items():
+        if not predicted_at(by_name):
+            continue
+        skipped: dict[str, list[str]] = {}
+        for name, row in by_name.items():
+            if "not_predicted" in row:
+                skipped.setdefault(row["not_predicted"], []).append(name)
+        lines += [
+            f"On {n} devices, not predicted for {', '.join(names)}: {why}"
+            for why, names in skipped.items()
+        ]
     lines += [f"{name}: {why}" for name, why in predicted["not_predicted"].items()]
     lines += sorted(
         {
@@ -213,8 +225,6 @@ def cells(
 ) -> list[str]:
     """A strategy's row; `checked`: (predicted, measured) s/epoch where a real run on N
     devices checks it; `memory_checked`: the same of the peak MiB, by N ranks sharing a GPU."""
-    if "not_predicted" in row:
-        return [row["strategy"], row["not_predicted"], "", "", "", "", "", ""]
     if "predicted_epoch_s" not in row:  # its memory alone (DataParallel on a CPU): footer
         devices, peak = str(row["devices_used"]), f"{peak_cell(row)} unchecked"
         return [row["strategy"], devices, "not predicted on a CPU", "", "", "", peak, ""]
@@ -276,6 +286,7 @@ def tables(
             [
                 cells(row, checked.get((n, name)), memory.get((n, name)))
                 for name, row in by_name.items()
+                if "not_predicted" not in row  # said once below the tables (`footer`)
             ],
         )
         for n, by_name in predicted["by_devices"].items()
@@ -338,9 +349,6 @@ def text(predicted: dict[str, Any]) -> str:
     for n, body in tables(predicted, [], {}):
         lines.append(f"on {n} devices (predicted):")
         for cell in [["strategy", "devices", "s/epoch", "speedup", "efficiency"], *body]:
-            if cell[2] == "":  # not predicted: the reason in the second cell
-                lines.append(f"  {cell[0]:<18} {cell[1]}")
-                continue
             name, devices, epoch, speedup, efficiency = cell[:5]
             lines.append(f"  {name:<18} {devices:>7} {epoch:>16} {speedup:>8} {efficiency:>10}")
     lines += footer(predicted)

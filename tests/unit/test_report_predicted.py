@@ -207,3 +207,19 @@ def test_ranks_sharing_a_gpu_check_the_memory_prediction_never_the_time():
 )
 def test_only_n_ranks_sharing_gpus_at_the_same_settings_check_the_memory(doc, row, config):
     assert predicted.shared_memory_checks(doc, [row], {"ddp": config}) == {}
+
+
+def test_strategies_not_predicted_at_an_n_leave_its_table_for_one_line_below():
+    doc = document()
+    too_many = "this CPU's 2 cores: at most 2 processes"
+    fsdp = {**doc["by_devices"]["2"]["ddp"], "strategy": "fsdp"}
+    doc["by_devices"]["4"] = {
+        "fsdp": fsdp,
+        "ddp": {"strategy": "ddp", "not_predicted": too_many},
+        "pipeline_parallel": {"strategy": "pipeline_parallel", "not_predicted": too_many},
+    }
+    md = predicted.markdown(doc, [], {})
+    table = md[md.index("### On 4 devices") : md.index("\n- ")]  # the footer follows it
+    assert "| fsdp |" in table and "ddp" not in table and too_many not in table
+    assert f"- On 4 devices, not predicted for ddp, pipeline_parallel: {too_many}" in md
+    assert md.count(too_many) == 1
