@@ -82,7 +82,7 @@ def plot_throughput(rows: list[Row], path: Path) -> None:
     bars = ax.bar(names, heights, color=[colour[n] for n in names])
     for bar, r in zip(bars, rows):
         ax.annotate(
-            _bar_label(r),
+            bar_label(r),
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",
@@ -99,16 +99,20 @@ def plot_throughput(rows: list[Row], path: Path) -> None:
     save(fig, path)
 
 
-def _bar_label(row: Row) -> str:
+def bar_label(row: Row) -> str:
+    """The throughput bar's caption: its speedup and efficiency, then what it must be read
+    with, a line each, as the table's cells say it."""
     if row["steady_samples_per_s"] is None:
         return "no steady epoch"
     up = row["speedup_vs_single"]
     parts = [] if up is None else [f"{up:.2f}x, eff {row['scaling_efficiency']:.0%}"]
+    if row.get("speedup_within_noise"):  # as the table says it: no real speedup
+        parts.append("within noise")
     if row.get("steady_basis") == WARMUP_STANDS_IN:
         parts.append("incl. warm-up")
     if row.get("shared_devices"):
         parts.append("shared-device: no speed")
-    return ", ".join(parts)
+    return "\n".join(parts)
 
 
 def plot_memory(rows: list[Row], path: Path) -> None:

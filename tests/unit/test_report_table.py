@@ -1,4 +1,5 @@
-"""The comparison's arithmetic and table (pipeline/reporting/table.py) as pure functions."""
+"""The comparison's arithmetic and table (pipeline/reporting/table.py) as pure functions, and
+the throughput plot's captions, which say what the table's cells say."""
 
 import pytest
 
@@ -6,6 +7,7 @@ from pipeline import results
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import ConfigError, load_config
 from pipeline.reporting import device_table, table
+from pipeline.reporting.plots import bar_label
 from pipeline.results import EpochRow, RunSummary
 from support import run_summary
 
@@ -256,3 +258,12 @@ def test_per_epoch_files_have_a_column_for_every_known_strategy():
     assert table.wide_csv(h, ["single", "ddp"], "train_loss") == "epoch,single,ddp\n1,,1\n2,,1\n"
     assert table.wide_csv(h, ["ddp"], "samples_per_s") == "epoch,ddp\n1,64\n2,32\n"
     assert set(table.WIDE_PLOTS.values()) <= set(results.HISTORY_COLUMNS)
+
+
+def test_a_throughput_bar_says_what_its_speedup_must_be_read_with():
+    row = {"steady_samples_per_s": 2500.0, "speedup_vs_single": 1.11, "scaling_efficiency": 1.11}
+    assert bar_label(row) == "1.11x, eff 111%"
+    assert bar_label({**row, "speedup_within_noise": True}) == "1.11x, eff 111%\nwithin noise"
+    shared = {**row, "speedup_vs_single": None, "shared_devices": {"0": 2}}
+    assert bar_label(shared) == "shared-device: no speed"
+    assert bar_label({**row, "steady_samples_per_s": None}) == "no steady epoch"
