@@ -41,6 +41,8 @@ def test_a_throughput_difference_within_the_epoch_to_epoch_spread_is_a_tie():
     assert rec.strategies == ("ddp", "single")
     assert rec.reasons == (
         "ddp and single tie within the spread (ddp 1043 samples/s; single 1017 samples/s)",
+        # both on one device: the tie's MLflow pick is the simpler (answer.tie_pick)
+        "single's model stands for them in MLflow: the simplest of them",
         "epoch-to-epoch spread (a difference within it is a tie): ddp 36 samples/s, single 34 "
         "samples/s",
     )  # no win is claimed
