@@ -10,7 +10,7 @@ A GPU's (DDP's buckets behind the backward, FSDP's prefetch, NVLink) has had no 
 multi-GPU run to check it: its figures say "unchecked on GPUs".
 
 The error grows as each rank's steps are timed for less: the checks at params.yaml's
-`predict.time_s: 2` found ddp at most 34% off, those at `make quick`'s 0.5 up to 42%. So each
+`predict.time_s: 2` found at most 34% (ddp), those at `make quick`'s 0.5 up to 42% (fsdp). Each
 timing that was checked has its own bands, and a prediction is shown with those of the
 longest checked timing not longer than its own (a shorter one than any checked: no band)."""
 
