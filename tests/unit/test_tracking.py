@@ -2,7 +2,10 @@
 step metrics, moving to another store, system metrics, and the comparison parent run."""
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -293,3 +296,19 @@ def test_publish_refuses_epochs_of_another_run(tmp_path, monkeypatch):
         publish_strategy("ddp")
     assert json.loads((checkpoints / "run.json").read_text()) == record
     assert not (tmp_path / "never.db").exists()
+
+
+def test_a_new_store_is_made_without_mlflows_migration_lines(tmp_path):
+    """A stage's log on a new store: MLflow's "Creating initial MLflow database tables..."
+    and "Updating database tables" at INFO were two lines amid the epochs."""
+    code = (
+        "from pipeline.tracking.store import client, experiment_id\n"
+        "experiment_id(client(), 'tests')\n"
+    )
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "mlflow.db").exists()
+    assert "database tables" not in done.stderr + done.stdout
