@@ -135,24 +135,19 @@ def headline(predicted: dict[str, Any]) -> str:
 
 
 def footer(predicted: dict[str, Any]) -> list[str]:
-    lines = [
-        f"On {n} devices: not predicted: "
-        + "; ".join(sorted({row["not_predicted"] for row in by_name.values()}))
-        for n, by_name in predicted["by_devices"].items()
-        if by_name and not predicted_at(by_name)
-    ]
-    # where others are: those left out of N's table, a line per reason
-    for n, by_name in predicted["by_devices"].items():
-        if not predicted_at(by_name):
-            continue
+    lines = []
+    for n, by_name in predicted["by_devices"].items():  # what N's table leaves out, and why
         skipped: dict[str, list[str]] = {}
         for name, row in by_name.items():
             if "not_predicted" in row:
                 skipped.setdefault(row["not_predicted"], []).append(name)
-        lines += [
-            f"On {n} devices, not predicted for {', '.join(names)}: {why}"
-            for why, names in skipped.items()
-        ]
+        if by_name and not predicted_at(by_name):  # no table at all at N
+            lines.append(f"On {n} devices: not predicted: " + "; ".join(sorted(skipped)))
+        else:
+            lines += [
+                f"On {n} devices, not predicted for {', '.join(names)}: {why}"
+                for why, names in skipped.items()
+            ]
     lines += [f"{name}: {why}" for name, why in predicted["not_predicted"].items()]
     lines += sorted(
         {
