@@ -164,13 +164,45 @@ def fake_world(world_size: int, device: torch.device, rank: int = 0) -> Iterator
     gets."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
 
-    with cores_of_one_rank(device, world_size):
+    with cores_of_one_rank(device, world_size), flat_gathers():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
             gpus = (str(device.index or 0),) if device.type == "cuda" else ()
             yield DistContext(rank=rank, local_rank=0, world_size=world_size, gpus=gpus)
         finally:
             dist.destroy_process_group()
+
+
+# torch's SyncBatchNorm (ddp's and fsdp's sync_bn on a GPU) gathers every rank's statistics
+# into a (1, world * n) tensor. NCCL fills it as flat memory; the fake group splits it along
+# dim 0 and refuses: "The size of tensor a (34) must match the size of tensor b (17)"
+# (predict@ddp in the quickstart on an H200, 2026-11-28). Torch 2.14 calls the gather
+# all_gather_single, 2.11 all_gather_into_tensor.
+GATHERS_INTO_ONE = ("all_gather_single", "all_gather_into_tensor")
+
+
+@contextlib.contextmanager
+def flat_gathers() -> Iterator[None]:
+    """While it is up, a gather into one (1, k) tensor is handed the same memory flat, (k,):
+    the same bytes sent and the same values NCCL leaves, in a shape the fake group takes."""
+    originals = {name: getattr(dist, name) for name in GATHERS_INTO_ONE if hasattr(dist, name)}
+
+    def flat(gather: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(gather)
+        def into_flat(output: torch.Tensor, input: torch.Tensor, *args: Any, **kw: Any) -> Any:
+            if output.dim() == 2 and output.shape[0] == 1 and input.dim() == 1:
+                output = output.view(-1)
+            return gather(output, input, *args, **kw)
+
+        return into_flat
+
+    for name, gather in originals.items():
+        setattr(dist, name, flat(gather))
+    try:
+        yield
+    finally:
+        for name, gather in originals.items():
+            setattr(dist, name, gather)
 
 
 def synthetic_data(n_train: int, device: torch.device) -> Any:

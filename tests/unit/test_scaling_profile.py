@@ -213,3 +213,22 @@ def test_the_memory_bands_words_hold_the_committed_check():
     )
     assert result["within_goal"] and result["worst_error"] <= 0.003
     assert math.ceil(result["worst_error"] * 1000) / 10 == 0.3
+
+
+@pytest.mark.parametrize("name", ["all_gather_single", "all_gather_into_tensor"])
+def test_syncbatchnorms_gather_into_one_row_passes_the_fake_group(name):
+    """torch's SyncBatchNorm gathers (2C + 1) statistics per rank into a (1, world * (2C + 1))
+    tensor: the fake group refused that shape on the H200 (predict@ddp, sync_bn), and the
+    prediction now hands it the same memory flat, as NCCL reads it."""
+    from pipeline.scaling.profile import fake_world
+
+    stats = torch.arange(17.0)
+    torchs = getattr(torch.distributed, name)
+    with fake_world(2, CPU):
+        gather = getattr(torch.distributed, name)
+        row = torch.empty(1, 34)
+        gather(row, stats)
+        assert torch.equal(row, torch.cat([stats, stats])[None])  # every rank alike
+        with pytest.raises(RuntimeError, match="must match"):  # what the fake group does
+            torchs(torch.empty(1, 34), stats)
+    assert getattr(torch.distributed, name) is torchs  # put back
