@@ -79,13 +79,27 @@ def ratios(chosen: dict[str, dict]) -> dict[str, float]:
     return {name: c["epoch_s"] / base for name, c in chosen.items() if name != "single"}
 
 
-def speed_default_lines(chosen: dict[str, dict], gpu: str, when: str) -> list[str]:
-    """MEASURED_ON_GPU's entries for what was measured. Pure."""
-    return [
-        f'    "{name}": Chosen("{c["cuda_graph"]}", "{gpu}: steady epoch {c["epoch_s"]:.3g} '
-        f'vs {c["eager_epoch_s"]:.3g} s eager (benchmarks/choose_defaults.py, {when})"),'
-        for name, c in chosen.items()
-    ]
+def speed_default_lines(
+    chosen: dict[str, dict], gpu: str, when: str, images: int, failed: dict[str, str]
+) -> list[str]:
+    """MEASURED_ON_GPU's entries for what was measured: the epochs compared, or why eager is
+    the choice (the strategy takes no graphs, its captured step failed, or it was no
+    faster or trained otherwise). Pure."""
+    source = f"benchmarks/choose_defaults.py, {when}"
+    lines = []
+    for name, c in chosen.items():
+        epoch = f"steady epoch of {images} images"
+        if c["cuda_graph"] != "none":
+            what = f"{epoch} {c['epoch_s']:.3g} vs {c['eager_epoch_s']:.3g} s eager"
+        elif "step" not in settings_of(name):
+            what = f"eager, {epoch} {c['eager_epoch_s']:.3g} s; it takes no CUDA graphs"
+        elif f"{name}/step" in failed:
+            error = failed[f"{name}/step"].split(":")[0]
+            what = f"eager, {epoch} {c['eager_epoch_s']:.3g} s; capturing its step failed ({error})"
+        else:
+            what = f"eager, {epoch} {c['eager_epoch_s']:.3g} s; captured, no faster or not alike"
+        lines.append(f'    "{name}": Chosen("{c["cuda_graph"]}", "{gpu}: {what} ({source})"),')
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -137,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
     chosen = choose(rows)
     x_single = ratios(chosen)
     when = date.today().isoformat()
-    lines = speed_default_lines(chosen, info.get("gpu", ""), when) if cuda else []
+    gpu = info.get("gpu", "")
+    lines = speed_default_lines(chosen, gpu, when, args.limit_train, failed) if cuda else []
     result = {
         "machine": label,
         "info": info,

@@ -5,18 +5,22 @@
 #   bash benchmarks/gpu_session.sh OUT_DIR [WHEELS_DIR] [PART]   # on the GPU machine
 #   DEVICE=cpu bash benchmarks/gpu_session.sh /tmp/out '' PART     # the same steps, tiny, on a CPU
 #
-# PART speed (the default; issue 49, fast by default), each at params.yaml's defaults:
-# 1. choose_defaults: every strategy at world size 1 in one process, eager and with its whole
-#    step captured, taking turns: which `train.cuda_graph` auto should give each (the lines
-#    for speed_defaults.py's MEASURED_ON_GPU) and the ratios to single;
+# PART speed (the default; issue 49, fast by default), each at params.yaml's defaults, the
+# steps in the order their figures are wanted (on an H200 on 2026-11-28 the first three steps
+# of the old order, choose_defaults first, ran past their limits):
+# 1. quickstart: `make quick`'s run, whole (goal <= 30 s, faster than 2 CPU cores; it failed
+#    there in its predict stage, fixed since: profile.flat_gathers);
 # 2. peer, "default job", one cold round: our stage, the bare loop and Lightning side by side
 #    with MFU (the README's table; ours at most 0.5x Lightning's wall), and our run's warm-up
 #    and steady epochs (<= 3 s and <= 0.6 s);
-# 3. quickstart: `make quick`'s run, whole (goal <= 30 s, faster than 2 CPU cores);
-# 4. e2e, in what is left: the default experiment, dvc.yaml's stage commands in order (fetch
+# 3. e2e, in what is left: the default experiment, dvc.yaml's stage commands in order (fetch
 #    from a local synthetic mirror, every train and predict stage, compare): its total (goal
 #    <= 120 s), single's cold stage (<= 20 s) and every strategy's steady epoch; its JSON
 #    keeps every command it timed if the budget cuts it short.
+# PART choose: choose_defaults alone (it took 85 s cold on the H200): every strategy at world
+#    size 1 in one process, eager and with its whole step captured, taking turns: which
+#    `train.cuda_graph` auto should give each (the lines for speed_defaults.py's
+#    MEASURED_ON_GPU) and the ratios to single.
 # PART checks (issues 48, 50, 51):
 # 1. gpu-check (what `make gpu-check` runs): every strategy's stage, the A/A null comparison
 #    (issue 51), did_not_fit (issue 50), shared_device and shared_fp64 (issue 48 goal 1); its
@@ -28,12 +32,12 @@
 # A step whose limit no longer fits in BUDGET seconds is skipped and said so. The log and
 # every JSON written land in OUT_DIR (at most 8 files come back from a device call).
 set -u
-out=${1:?usage: gpu_session.sh OUT_DIR [WHEELS_DIR] [speed|checks]}
+out=${1:?usage: gpu_session.sh OUT_DIR [WHEELS_DIR] [speed|choose|checks]}
 wheels=${2:-}
 part=${3:-speed}
 case $part in
-    speed | checks) ;;
-    *) echo "gpu_session.sh: PART: got '$part', expected speed or checks" >&2; exit 2 ;;
+    speed | choose | checks) ;;
+    *) echo "gpu_session.sh: PART: got '$part', expected speed, choose or checks" >&2; exit 2 ;;
 esac
 device=${DEVICE:-cuda}
 budget=${BUDGET:-590}
@@ -74,17 +78,18 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under LIMIT_S if that still fit
         $py -c "import sys; from pathlib import Path; from pipeline.data.synthetic import \
 write_synthetic; write_synthetic(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))" \
             "$mirror" "${n[@]}"
-        choose=()  # the CPU's trial: a size that takes seconds
-        [ "$device" = cpu ] && choose=(--set model.width=4 --limit-train 1024)
-        step choose_defaults 75 $py -m benchmarks.choose_defaults "${choose[@]}" \
-            --out "$out/choose-defaults.json"
         if [ "$device" = cuda ]; then size="default job"; else size="one epoch"; fi
-        step peer 145 $py -m benchmarks.peer --runs 1 --warmup 0 --sizes "$size" \
-            --out "$out/peer.json"
-        step quickstart 80 $py -m benchmarks.e2e --mirror "$mirror" --quickstart \
+        step quickstart 110 $py -m benchmarks.e2e --mirror "$mirror" --quickstart \
             --out "$out/e2e-quickstart.json"
+        step peer 190 $py -m benchmarks.peer --runs 1 --warmup 0 --sizes "$size" \
+            --out "$out/peer.json"
         step e2e $(($(left) - 5)) $py -m benchmarks.e2e --mirror "$mirror" "${tiny[@]}" \
             --out "$out/e2e-default.json"
+    elif [ "$part" = choose ]; then
+        choose=()  # the CPU's trial: a size that takes seconds
+        [ "$device" = cpu ] && choose=(--set model.width=4 --limit-train 1024)
+        step choose_defaults 150 $py -m benchmarks.choose_defaults "${choose[@]}" \
+            --out "$out/choose-defaults.json"
     elif [ "$device" = cuda ]; then
         step gpu_check 470 $py -m benchmarks.gpu_check --out "$out/gpu-check.json"
         step memory_check 80 $py -m benchmarks.memory_check --device cuda --gpus 2 4 \

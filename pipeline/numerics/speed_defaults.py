@@ -21,11 +21,26 @@ class Chosen:
     evidence: str  # where, and what was measured
 
 
+_H200 = "NVIDIA H200: "
+_BY = " (benchmarks/choose_defaults.py, 2026-11-28)"  # its JSON: benchmarks/results/
 MEASURED_ON_GPU = {
-    # issue 49's table, one H200 (torch 2.11, bf16, channels_last, width 64, batch 256, 10
-    # epochs): steady epoch 1.15 s with the whole step captured against 1.97 s eager, and the
-    # stage's wall 22.3 against 33.5 s (compile reduce-overhead: 0.81 s, but 44.4 s cold)
-    "single": Chosen("step", "H200: 1.15 vs 1.97 s a steady epoch, stage 22.3 vs 33.5 s"),
+    # one H200, torch 2.11, params.yaml's settings (bf16, channels_last, width 64, batch 256),
+    # world size 1, rows taking turns: nvidia-h200-choose-defaults-2026-11-28.json. The
+    # stage's wall with single's step captured: 22.3 s against 33.5 s eager (issue 49's table)
+    "single": Chosen("step", _H200 + "steady epoch of 20000 images 0.393 vs 0.912 s eager" + _BY),
+    "dp": Chosen("step", _H200 + "steady epoch of 20000 images 0.393 vs 0.925 s eager" + _BY),
+    "balanced_dp": Chosen(
+        "step", _H200 + "steady epoch of 20000 images 0.393 vs 0.876 s eager" + _BY
+    ),
+    "ddp": Chosen(
+        "none",
+        _H200 + "eager, steady epoch of 20000 images 1.2 s; capturing its step failed "
+        "(AcceleratorError)" + _BY,
+    ),
+    "fsdp": Chosen(
+        "none",
+        _H200 + "eager, steady epoch of 20000 images 2.06 s; it takes no CUDA graphs" + _BY,
+    ),
 }
 
 

@@ -64,11 +64,23 @@ def test_only_strategies_that_take_graphs_are_measured_captured():
 
 def test_the_lines_for_speed_defaults_say_where_and_what_was_measured():
     chosen = {"ddp": {"cuda_graph": "step", "epoch_s": 1.234, "eager_epoch_s": 2.5}}
-    (line,) = speed_default_lines(chosen, "NVIDIA H200", "2026-12-01")
+    (line,) = speed_default_lines(chosen, "NVIDIA H200", "2026-12-01", 20000, {})
     assert line == (
-        '    "ddp": Chosen("step", "NVIDIA H200: steady epoch 1.23 vs 2.5 s eager '
-        '(benchmarks/choose_defaults.py, 2026-12-01)"),'
+        '    "ddp": Chosen("step", "NVIDIA H200: steady epoch of 20000 images 1.23 vs 2.5 s '
+        'eager (benchmarks/choose_defaults.py, 2026-12-01)"),'
     )
+
+
+def test_an_eager_choice_says_why_it_is_eager():
+    eager = {"epoch_s": 2.0, "eager_epoch_s": 2.0, "cuda_graph": "none"}
+    chosen = {name: eager for name in ("fsdp", "ddp", "single")}
+    failed = {"ddp/step": "AcceleratorError: CUDA error: operation failed during capture"}
+    lines = speed_default_lines(chosen, "H200", "2026-12-01", 100, failed)
+    assert [line.split("; ")[1].split(" (bench")[0] for line in lines] == [
+        "it takes no CUDA graphs",
+        "capturing its step failed (AcceleratorError)",
+        "captured, no faster or not alike",
+    ]
 
 
 def test_on_the_cpu_every_row_runs_eagerly_and_eager_is_chosen(tmp_path):
