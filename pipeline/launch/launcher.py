@@ -176,9 +176,8 @@ def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
         before_the_workers(name, gpus, publisher)
         settings = launch_settings(job.nproc, job.max_restarts, job.topology)
         with torchrun_agent() as agent:
-            elastic_launch(launch_config(settings, start, len(set(gpus))), worker.entry)(
-                name, worker_cfg
-            )
+            config = launch_config(settings, start, len(set(gpus)), Path(tmp))
+            elastic_launch(config, worker.entry)(name, worker_cfg)
         mark("workers ended")
         user_error = files.error.read_text().strip() if files.error.exists() else ""
         outcome = read_outcome(files.outcome)
@@ -310,23 +309,29 @@ def stage_exit(
     return FAILURE_EXIT
 
 
-def launch_config(settings: dict[str, Any], start_method: str, gpus: int) -> Any:
+def launch_config(settings: dict[str, Any], start_method: str, gpus: int, log_dir: Path) -> Any:
     """torchrun's LaunchConfig for `settings`, its NUMA binding decided as its own default
     would decide it (the torch build's default options where the node's workers use all
     `gpus`), but from the GPU count this launcher already has: LaunchConfig asks
     torch.accelerator.is_available() instead, which initialises the CUDA driver in this
-    process, and a worker forked after that cannot use CUDA."""
+    process, and a worker forked after that cannot use CUDA. The agent's per-rank files go
+    under `log_dir`, the stage's temporary directory: by default torch makes a
+    /tmp/torchelastic_* directory for them and leaves it behind, one per stage."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
+    logs = DefaultLogsSpecs(log_dir=str(log_dir / "torchelastic"))
     try:
         from torch._utils_internal import get_default_numa_options
     except ImportError:  # a torch from before NUMA binding (2.9), whose LaunchConfig asks nothing
-        return LaunchConfig(**settings, start_method=start_method)
+        return LaunchConfig(**settings, start_method=start_method, logs_specs=logs)
     numa = None
     if gpus and gpus == settings["nproc_per_node"]:
         numa = get_default_numa_options()
     # LaunchConfig asks its question only when numa_options is None
-    config = LaunchConfig(**settings, start_method=start_method, numa_options=NUMA_DECIDED)
+    config = LaunchConfig(
+        **settings, start_method=start_method, numa_options=NUMA_DECIDED, logs_specs=logs
+    )
     config.numa_options = numa
     return config
 

@@ -5,6 +5,7 @@ seconds, and that it finished."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,12 +18,15 @@ def test_the_stage_commands_run_in_dvc_yaml_order_and_the_json_says_so(tmp_path)
     write_synthetic(tmp_path / "mirror", 256, 128)
     out = tmp_path / "e2e.json"
     tiny = ["model.width=4", "train.epochs=1", "predict.gpus=[]"]  # predict: nothing to time
+    temp = tmp_path / "tmp"  # the stages' TMPDIR: what they leave behind there
+    temp.mkdir()
     subprocess.run(
         [sys.executable, "-m", "benchmarks.e2e", "--mirror", str(tmp_path / "mirror")]
         + ["--strategies", "single", "--out", str(out), "--set", *tiny],
         cwd=REPO,
         check=True,
         capture_output=True,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     result = json.loads(out.read_text())
     assert result["ran"] == "dvc.yaml's stage commands, one after the other"
@@ -31,3 +35,5 @@ def test_the_stage_commands_run_in_dvc_yaml_order_and_the_json_says_so(tmp_path)
     assert list(seconds) == ["fetch", "train@single", "predict@single", "compare", "total"]
     assert seconds["total"] == sum(v for k, v in seconds.items() if k != "total")
     assert result["steady_epoch_s"]["single"] > 0
+    # torch's elastic agent leaves a torchelastic_* directory per stage by default
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("torchelastic_")]

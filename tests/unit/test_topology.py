@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from pathlib import Path
+
 import pytest
 
 from pipeline import strategies
@@ -63,7 +65,7 @@ def test_the_settings_are_the_agents():
     LaunchConfig(**launch_settings(4, 3, topo), start_method="fork")  # every key is a field
 
 
-def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch):
+def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path):
     """LaunchConfig would ask torch.accelerator.is_available() for its NUMA default, which
     loads the CUDA driver and so rules out forking the workers: launch_config decides that
     default from the launcher's own GPU count, as LaunchConfig would have."""
@@ -79,11 +81,23 @@ def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch):
     build_default = object()
     monkeypatch.setattr(torch._utils_internal, "get_default_numa_options", lambda: build_default)
     one_node = resolve_topology(dist(), {}, "ddp")
-    config = launch_config(launch_settings(2, 0, one_node), "fork", gpus=2)
+    settings = launch_settings(2, 0, one_node)
+    config = launch_config(settings, "fork", gpus=2, log_dir=tmp_path)
     assert config.numa_options is build_default  # every GPU of the node has its worker
     assert config.start_method == "fork" and config.nproc_per_node == 2
-    assert launch_config(launch_settings(2, 0, one_node), "fork", gpus=4).numa_options is None
-    assert launch_config(launch_settings(2, 0, one_node), "spawn", gpus=0).numa_options is None
+    assert launch_config(settings, "fork", gpus=4, log_dir=tmp_path).numa_options is None
+    assert launch_config(settings, "spawn", gpus=0, log_dir=tmp_path).numa_options is None
+
+
+def test_the_agents_files_go_under_the_stages_directory(tmp_path):
+    """torch's default makes a /tmp/torchelastic_* directory per agent and leaves it behind
+    (thousands of them after a day of stages): the launcher's go under the stage's own
+    temporary directory, removed with it."""
+    from pipeline.launch.launcher import launch_config
+
+    one_node = resolve_topology(dist(), {}, "ddp")
+    config = launch_config(launch_settings(2, 0, one_node), "spawn", gpus=0, log_dir=tmp_path)
+    assert Path(config.logs_specs.root_log_dir).parent == tmp_path
 
 
 def test_environment_wins_over_params():
