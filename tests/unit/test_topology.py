@@ -1,8 +1,7 @@
 """How many nodes a train stage spans and the elastic agent settings that say so (pure)."""
 
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import pytest
 
