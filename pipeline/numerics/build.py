@@ -5,6 +5,7 @@ benchmarks/bench.py and benchmarks/profile_step.py time, built the same way."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -17,7 +18,7 @@ from pipeline.context import DistContext
 from pipeline.data.device_data import DeviceData
 from pipeline.data.fashion_mnist import DATA_DIR
 from pipeline.data.loaders import Batches, Feed, make_batches
-from pipeline.numerics.graphed_step import GraphedStep, step_graph
+from pipeline.numerics.graphed_step import GraphedStep, side_stream, step_graph
 from pipeline.numerics.optim import LrSchedule, loss_function, make_optimizer
 from pipeline.numerics.precision import (
     Precision,
@@ -103,7 +104,12 @@ def build_training(
     capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
     prec = build_precision(train.precision, device, capabilities)
     model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
-    run = spec.strategy.parallelize(model, spec.options, plan, ctx, prec.autocast)
+    # DDP ties its gradient accumulators to the stream it is built on, and a capture breaks
+    # where that is the default stream (torch's warning on the H200, 2026-11-28; PyTorch's
+    # CUDA graphs notes, "Usage with DistributedDataParallel"): built on a side stream then
+    capture_asked = train.cuda_graph == "step" and device.type == "cuda"
+    with side_stream(device) if capture_asked else nullcontext():
+        run = spec.strategy.parallelize(model, spec.options, plan, ctx, prec.autocast)
     prec, channels_last = fit_to_strategy(prec, run, facts, train.channels_last)
     configure_backends(prec, device)
     pipelined = isinstance(run, PipelinedRun)
