@@ -15,7 +15,10 @@ unless --out) holds every command's seconds, and the steady s/epoch each stage r
 Without --dvc it runs dvc.yaml's stage commands one after the other, as `dvc repro` would
 where DVC is not installed: fetch, every train stage, every predict stage, compare; the JSON's
 `ran` says which of the three modes ran. It is rewritten after each command, `finished`
-false until the last: a run cut off by a time limit keeps every command it timed.
+false until the last: a run cut off by a time limit keeps every command it timed. Each train
+stage's warm-up epoch is in `warmup_epoch_s`, and where its wall went in `phases_s`: the
+seconds from its command to each of its pipeline/timeline.py marks (agent, machine warmed,
+first step, trained, workers ended, ...).
 
 --dvc times the one command `dvc repro` (fetch, every train and predict stage, compare), with --set
 written into the copy's params.yaml: its total, and each stage's seconds from the moment DVC
@@ -205,6 +208,20 @@ def train_process_seconds(timeline: str) -> list[float]:
     return spans
 
 
+def phase_offsets(timeline: str) -> dict[str, float]:
+    """One stage's phases (pipeline/timeline.py marks: agent, machine warmed, first step,
+    trained, workers ended, ...), each the seconds from its `command` mark to the phase's
+    first mark: where a stage's wall goes."""
+    marks = [line.split(" ", 2) for line in timeline.splitlines() if line.strip()]
+    start = next((float(at) for at, _, phase in marks if phase == "command"), None)
+    if start is None:
+        return {}
+    offsets: dict[str, float] = {}
+    for at, _, phase in marks:
+        offsets.setdefault(phase, round(float(at) - start, 2))
+    return offsets
+
+
 def dvc_repro(project: Path, env: dict, names: list[str]) -> dict:
     """`dvc repro` in `project`, its output passed through and stamped line by line."""
     timeline = project.parent / "timeline.txt"
@@ -299,10 +316,16 @@ def main(argv: list[str] | None = None) -> dict:
             result["seconds"]["fetch"], _ = timed([*py, "pipeline.fetch"], project, env)
             write_result(result, "e2e", args.out)  # after each command, as it went
             for name in args.strategies:
-                seconds, _ = timed([*py, "pipeline.train", name, *args.set], project, env)
+                timeline = Path(tmp) / f"timeline-{name}.txt"  # where the stage's wall goes
+                marked = {**env, "PARALLEL_LAB_TIMELINE": str(timeline)}
+                seconds, _ = timed([*py, "pipeline.train", name, *args.set], project, marked)
                 metrics = json.loads((project / "results" / name / "metrics.json").read_text())
                 result["seconds"][f"train@{name}"] = seconds
                 result.setdefault("steady_epoch_s", {})[name] = metrics["steady_epoch_seconds"]
+                summary = json.loads((project / "results" / name / "summary.json").read_text())
+                result.setdefault("warmup_epoch_s", {})[name] = summary["warmup_epoch_seconds"]
+                phases = phase_offsets(timeline.read_text() if timeline.exists() else "")
+                result.setdefault("phases_s", {})[name] = phases
                 print(
                     f"e2e: train@{name}: {seconds:.1f} s (steady epoch "
                     f"{metrics['steady_epoch_seconds']:.2f} s)",

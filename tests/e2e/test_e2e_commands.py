@@ -35,5 +35,13 @@ def test_the_stage_commands_run_in_dvc_yaml_order_and_the_json_says_so(tmp_path)
     assert list(seconds) == ["fetch", "train@single", "predict@single", "compare", "total"]
     assert seconds["total"] == sum(v for k, v in seconds.items() if k != "total")
     assert result["steady_epoch_s"]["single"] > 0
+    phases = result["phases_s"]["single"]  # where the stage's wall went, in order
+    assert (
+        0
+        < phases["agent"]
+        < phases["first step"]
+        < phases["workers ended"]
+        < seconds["train@single"]
+    )
     # torch's elastic agent leaves a torchelastic_* directory per stage by default
     assert not [p.name for p in temp.iterdir() if p.name.startswith("torchelastic_")]

@@ -5,7 +5,7 @@ pipeline/timeline.py marks. The timing itself is a benchmark's, run by hand (doc
 
 import os
 
-from benchmarks.e2e import project_path, stage_seconds, train_process_seconds
+from benchmarks.e2e import phase_offsets, project_path, stage_seconds, train_process_seconds
 
 
 def test_each_stage_runs_from_its_line_to_the_next():
@@ -45,3 +45,26 @@ def test_a_project_copys_commands_find_its_code_first_then_the_callers(monkeypat
     assert project_path(tmp_path) == str(tmp_path)
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")
     assert project_path(tmp_path).split(os.pathsep) == [str(tmp_path), "/tmp/site"]
+
+
+def test_a_stages_phases_are_the_seconds_from_its_command_to_each_first_mark():
+    timeline = "\n".join(
+        [
+            "100.0 7 command",
+            "106.7 7 agent",
+            "108.0 8 worker",
+            "109.6 8 first step",
+            "130.0 8 trained",
+            "131.0 7 workers ended",
+            "131.5 7 trained",  # a phase marked again: its first mark counts
+        ]
+    )
+    assert phase_offsets(timeline) == {
+        "command": 0.0,
+        "agent": 6.7,
+        "worker": 8.0,
+        "first step": 9.6,
+        "trained": 30.0,
+        "workers ended": 31.0,
+    }
+    assert phase_offsets("") == {} and phase_offsets("5.0 1 agent") == {}
