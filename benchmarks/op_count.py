@@ -7,12 +7,13 @@ what a launch-bound GPU pays for, counted on any machine (issue 49, goal 2).
 At this model's size an H200 is bound by launching kernels, not by computing them: single's
 step went from 0.91 to 0.39 s an epoch once captured as one CUDA graph, which launches
 nothing from the host (docs/performance.md). So a strategy's cost over single on a GPU
-follows, to a first order, the operators its step dispatches beyond single's: every aten
-operator is at least one launch there. The count needs no GPU: each strategy is built as its
-train stage builds it (benchmarks/bench.py's ProjectRow) on the CPU, and a dispatch mode
-counts the operators of --steps steps after one untimed epoch. It is a count, not a time:
-the JSON (benchmarks/results/<machine>-op-count-<date>.json unless --out) holds, per
-strategy, the operators per step, the ratio to single's, and the most frequent operators.
+follows, to a first order, what its step dispatches beyond single's. Every aten operator
+costs the host a dispatch; those that compute (not a view, not an empty allocation) are at
+least one kernel launch on a GPU. The count needs no GPU: each strategy is built as its train
+stage builds it (benchmarks/bench.py's ProjectRow) on the CPU, and a dispatch mode counts the
+operators of --steps steps after one untimed epoch. It is a count, not a time: the JSON
+(benchmarks/results/<machine>-op-count-<date>.json unless --out) holds, per strategy, the
+operators and the computing ones per step, their ratios to single's, and the most frequent.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pipeline.scaling.profile import synthetic_data
 from pipeline.strategies import NAMES
 
 TOP = 8  # the most frequent operators kept per strategy
+# operators that launch no kernel beside the views: an allocation
+ALLOCATIONS = {"aten.empty", "aten.empty_strided", "aten.empty_like"}
 
 
 class Counted(TorchDispatchMode):
@@ -42,26 +45,33 @@ class Counted(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.counts: collections.Counter[str] = collections.Counter()
+        self.views: set[str] = set()  # the names counted that only make a view
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.counts[str(func.overloadpacket)] += 1
+        name = str(func.overloadpacket)
+        self.counts[name] += 1
+        if func.is_view:
+            self.views.add(name)
         return func(*args, **(kwargs or {}))
 
 
-def per_step(counts: collections.Counter[str], steps: int) -> dict[str, Any]:
-    """A strategy's row from its counts over `steps` steps. Pure."""
+def per_step(counts: collections.Counter[str], views: set[str], steps: int) -> dict[str, Any]:
+    """A strategy's row from its counts over `steps` steps: every operator, those that compute
+    (neither a view nor an allocation), and the most frequent. Pure."""
+    computing = sum(n for name, n in counts.items() if name not in views | ALLOCATIONS)
     return {
         "ops_per_step": sum(counts.values()) / steps,
+        "computing_per_step": computing / steps,
         "top": {name: n / steps for name, n in counts.most_common(TOP)},
     }
 
 
-def over_single(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Each strategy's operators per step over single's. Pure."""
+def over_single(rows: dict[str, dict[str, Any]], key: str) -> dict[str, float]:
+    """Each strategy's `key` (ops_per_step, computing_per_step) over single's. Pure."""
     if "single" not in rows:
         return {}
-    base = rows["single"]["ops_per_step"]
-    return {name: row["ops_per_step"] / base for name, row in rows.items() if name != "single"}
+    base = rows["single"][key]
+    return {name: row[key] / base for name, row in rows.items() if name != "single"}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -86,19 +96,23 @@ def main(argv: list[str] | None = None) -> dict:
             row.epoch()  # untimed: the first step's one-off work (buckets, shape inference)
             with Counted() as counted:
                 row.epoch()
-            rows[name] = per_step(counted.counts, args.steps)
-            print(f"op_count: {name}: {rows[name]['ops_per_step']:.0f} operators a step")
-    ratios = over_single(rows)
+            rows[name] = per_step(counted.counts, counted.views, args.steps)
+            print(
+                f"op_count: {name}: {rows[name]['ops_per_step']:.0f} operators a step, "
+                f"{rows[name]['computing_per_step']:.0f} of them computing"
+            )
+    ratios = over_single(rows, "computing_per_step")
     result = {
         "machine": label,
         "info": info,
         "date": date.today().isoformat(),
         "settings": {**vars(args), "out": None},
         "rows": rows,
-        "over_single": ratios,
+        "over_single": over_single(rows, "ops_per_step"),
+        "computing_over_single": ratios,
     }
     for name, ratio in ratios.items():
-        print(f"op_count: {name}: x{ratio:.2f} single's operators a step")
+        print(f"op_count: {name}: x{ratio:.2f} single's computing operators a step")
     out = write_result(result, "op-count", args.out)
     print(f"op_count: wrote {out}", flush=True)
     return result

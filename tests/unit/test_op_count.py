@@ -10,13 +10,16 @@ import pytest
 from benchmarks.op_count import main, over_single, per_step
 
 
-def test_a_row_is_the_operators_per_step_and_the_most_frequent_ones():
-    counts = collections.Counter({"aten.convolution": 60, "aten.relu": 30, "aten.add_": 9})
-    row = per_step(counts, 3)
-    assert row["ops_per_step"] == 33
-    assert list(row["top"].items())[:2] == [("aten.convolution", 20.0), ("aten.relu", 10.0)]
+def test_a_row_is_the_operators_per_step_those_that_compute_and_the_most_frequent():
+    counts = collections.Counter(
+        {"aten.convolution": 60, "aten.detach": 45, "aten.relu": 30, "aten.empty": 6}
+    )
+    row = per_step(counts, {"aten.detach"}, 3)
+    assert row["ops_per_step"] == 47 and row["computing_per_step"] == 30  # no view, no empty
+    assert list(row["top"].items())[:2] == [("aten.convolution", 20.0), ("aten.detach", 15.0)]
     rows = {"single": {"ops_per_step": 400.0}, "ddp": {"ops_per_step": 800.0}}
-    assert over_single(rows) == {"ddp": 2.0} and over_single({"ddp": rows["ddp"]}) == {}
+    assert over_single(rows, "ops_per_step") == {"ddp": 2.0}
+    assert over_single({"ddp": rows["ddp"]}, "ops_per_step") == {}
 
 
 def test_a_pipeline_step_runs_each_micro_batch_through_the_whole_model(tmp_path):
