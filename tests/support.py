@@ -4,6 +4,7 @@ in, and processes to start, watch and stop."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import http.server
 import json
@@ -154,7 +155,9 @@ def empty_store(path: Path) -> None:
     if not _TEMPLATE_STORE:
         from mlflow.tracking import MlflowClient  # only the processes that need a store
 
-        template = Path(tempfile.mkdtemp(prefix="mlflow-template-")) / "mlflow.db"
+        folder = Path(tempfile.mkdtemp(prefix="mlflow-template-"))
+        atexit.register(shutil.rmtree, folder, True)  # the test process's, gone with it
+        template = folder / "mlflow.db"
         MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
         _TEMPLATE_STORE.append(template)
     shutil.copyfile(_TEMPLATE_STORE[0], path)
