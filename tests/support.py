@@ -182,6 +182,11 @@ def project_env(project: Path, **extra: str | None) -> dict[str, str]:
         GIT_COMMITTER_NAME="t",
         GIT_COMMITTER_EMAIL="t@t",
     )
+    # beside the project: what a stage a test SIGKILLs leaves (its launcher's and publisher's
+    # temporary folders) goes with the test's files, not into the machine's /tmp
+    temp = project.parent / f"{project.name}-tmp"
+    temp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(temp)
     env.update({k: v for k, v in extra.items() if v is not None})
     uri = env.get("MLFLOW_TRACKING_URI", "")
     store = Path(uri.removeprefix("sqlite:///"))
