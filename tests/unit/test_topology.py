@@ -57,11 +57,15 @@ def test_several_nodes_rendezvous_over_c10d():
     assert launch_settings(4, 3, node0)["rdzv_configs"]["is_host"] is True
 
 
-def test_the_settings_are_the_agents():
+def test_the_settings_are_the_agents(tmp_path):
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
     topo = resolve_topology(dist(nnodes=2, node_rank=1, rdzv_endpoint="node0:1234"), {}, "ddp")
-    LaunchConfig(**launch_settings(4, 3, topo), start_method="fork")  # every key is a field
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path))  # without it, a /tmp/torchelastic_* is made
+    LaunchConfig(
+        **launch_settings(4, 3, topo), start_method="fork", logs_specs=logs
+    )  # every key is a field
 
 
 def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path):
