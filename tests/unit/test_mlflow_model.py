@@ -3,6 +3,7 @@ final figures logged against it), its registration by the compare stage under al
 seed sweeps found in MLflow, against real SQLite stores."""
 
 import json
+import tempfile
 
 import mlflow
 import mlflow.pytorch
@@ -26,6 +27,9 @@ from support import run_summary
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the store's artifacts (mlruns/) land here
+    # and the copies mlflow.pytorch.load_model and get_model_info download and never remove
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     return MlflowClient()
 
