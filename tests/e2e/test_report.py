@@ -289,7 +289,9 @@ def test_the_compare_output_opens_with_the_recommendation(project, tmp_path):
     assert (copy / "reports/mlflow_url.txt").read_text().startswith("MLflow was unreachable")
 
 
-def test_the_recommended_model_is_logged_registered_and_scores_as_reported(project, monkeypatch):
+def test_the_recommended_model_is_logged_registered_and_scores_as_reported(
+    project, monkeypatch, tmp_path
+):
     uri = f"sqlite:///{project / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(tracking_uri=uri)
@@ -332,8 +334,9 @@ def test_the_recommended_model_is_logged_registered_and_scores_as_reported(proje
     fastest_run = json.loads((project / f"checkpoints/{fastest}/run.json").read_text())["run_id"]
     assert ranked[0].source_run_id == fastest_run
     reported = json.loads((project / f"results/{name}/metrics.json").read_text())["test_acc"]
-    for model_uri in (f"runs:/{record['run_id']}/model", "models:/tests@recommended"):
-        model = mlflow.pytorch.load_model(model_uri)
+    for i, model_uri in enumerate((f"runs:/{record['run_id']}/model", "models:/tests@recommended")):
+        (tmp_path / str(i)).mkdir()  # where MLflow downloads it (else a /tmp folder it leaves)
+        model = mlflow.pytorch.load_model(model_uri, dst_path=str(tmp_path / str(i)))
         assert abs(accuracy(project, name, model) - reported) <= 1e-6, model_uri
 
 
