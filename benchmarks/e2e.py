@@ -319,16 +319,15 @@ def main(argv: list[str] | None = None) -> dict:
                 timeline = Path(tmp) / f"timeline-{name}.txt"  # where the stage's wall goes
                 marked = {**env, "PARALLEL_LAB_TIMELINE": str(timeline)}
                 seconds, _ = timed([*py, "pipeline.train", name, *args.set], project, marked)
-                metrics = json.loads((project / "results" / name / "metrics.json").read_text())
-                result["seconds"][f"train@{name}"] = seconds
-                result.setdefault("steady_epoch_s", {})[name] = metrics["steady_epoch_seconds"]
                 summary = json.loads((project / "results" / name / "summary.json").read_text())
+                result["seconds"][f"train@{name}"] = seconds
+                result.setdefault("steady_epoch_s", {})[name] = summary["steady_epoch_seconds"]
                 result.setdefault("warmup_epoch_s", {})[name] = summary["warmup_epoch_seconds"]
                 phases = phase_offsets(timeline.read_text() if timeline.exists() else "")
                 result.setdefault("phases_s", {})[name] = phases
                 print(
                     f"e2e: train@{name}: {seconds:.1f} s (steady epoch "
-                    f"{metrics['steady_epoch_seconds']:.2f} s)",
+                    f"{summary['steady_epoch_seconds']:.2f} s)",
                     flush=True,
                 )
                 write_result(result, "e2e", args.out)

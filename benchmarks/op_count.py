@@ -58,7 +58,8 @@ class Counted(TorchDispatchMode):
 def per_step(counts: collections.Counter[str], views: set[str], steps: int) -> dict[str, Any]:
     """A strategy's row from its counts over `steps` steps: every operator, those that compute
     (neither a view nor an allocation), and the most frequent. Pure."""
-    computing = sum(n for name, n in counts.items() if name not in views | ALLOCATIONS)
+    launch_nothing = views | ALLOCATIONS
+    computing = sum(n for name, n in counts.items() if name not in launch_nothing)
     return {
         "ops_per_step": sum(counts.values()) / steps,
         "computing_per_step": computing / steps,
@@ -84,14 +85,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     device = torch.device("cpu")  # a count, the same on any device the step runs on
     ctx = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    base = load_config(REPO / "params.yaml", args.set)
-    # an epoch is --steps steps of the configured batch; the precision a GPU would run
-    data = synthetic_data(base.train.batch_size * args.steps, device)
+    cfg = load_config(REPO / "params.yaml", [*args.set, "train.epochs=2"])
+    data = synthetic_data(cfg.train.batch_size * args.steps, device)  # an epoch: --steps steps
     label, info = machine(device)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as work, one_rank_group(device, Path(work)):
         for name in args.strategies:
-            cfg = load_config(REPO / "params.yaml", [*args.set, "train.epochs=2"])
             row = ProjectRow(name, name, cfg, ctx, data, Path(work))
             row.epoch()  # untimed: the first step's one-off work (buckets, shape inference)
             with Counted() as counted:

@@ -107,8 +107,7 @@ def build_training(
     # DDP ties its gradient accumulators to the stream it is built on, and a capture breaks
     # where that is the default stream (torch's warning on the H200, 2026-11-28; PyTorch's
     # CUDA graphs notes, "Usage with DistributedDataParallel"): built on a side stream then
-    capture_asked = train.cuda_graph == "step" and device.type == "cuda"
-    with side_stream(device) if capture_asked else nullcontext():
+    with side_stream(device) if train.cuda_graph == "step" else nullcontext():
         run = spec.strategy.parallelize(model, spec.options, plan, ctx, prec.autocast)
     prec, channels_last = fit_to_strategy(prec, run, facts, train.channels_last)
     configure_backends(prec, device)
