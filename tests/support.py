@@ -163,6 +163,13 @@ def empty_store(path: Path) -> None:
     shutil.copyfile(_TEMPLATE_STORE[0], path)
 
 
+def project_temp(project: Path) -> Path:
+    """The TMPDIR of a project copy's stages, beside it: what a stage a test SIGKILLs leaves
+    (its launcher's and publisher's temporary folders) goes with the test's files, not into
+    the machine's /tmp."""
+    return project.parent / f"{project.name}-tmp"
+
+
 def project_env(project: Path, **extra: str | None) -> dict[str, str]:
     """Environment for stage processes: the project copy's code first, its own MLflow store,
     no GPUs (CI has none; hiding them keeps runs identical on a GPU machine), one thread per
@@ -182,9 +189,7 @@ def project_env(project: Path, **extra: str | None) -> dict[str, str]:
         GIT_COMMITTER_NAME="t",
         GIT_COMMITTER_EMAIL="t@t",
     )
-    # beside the project: what a stage a test SIGKILLs leaves (its launcher's and publisher's
-    # temporary folders) goes with the test's files, not into the machine's /tmp
-    temp = project.parent / f"{project.name}-tmp"
+    temp = project_temp(project)
     temp.mkdir(exist_ok=True)
     env["TMPDIR"] = str(temp)
     env.update({k: v for k, v in extra.items() if v is not None})

@@ -248,7 +248,10 @@ def workers_environment(
     user's again. Yields the files the workers answer through: two in `tmp`, and `events`,
     the stage's MLflow publisher's."""
     files = WorkerFiles(tmp / "error.txt", tmp / "outcome", events)
-    saved = dict(os.environ)
+    saved, saved_tempdir = dict(os.environ), tempfile.tempdir
+    # torch.multiprocessing keeps a raised worker's error in a pytorch-errorfile-*.pickle of
+    # the temporary directory and never removes it: in the stage's own, it goes with it
+    tempfile.tempdir = str(tmp)
     visible, slots = placement(gpus)
     # "" hides every GPU: `devices: cpu` must mean the CPU even on a GPU machine
     os.environ.update(
@@ -270,6 +273,7 @@ def workers_environment(
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        tempfile.tempdir = saved_tempdir
 
 
 def warm_up() -> None:

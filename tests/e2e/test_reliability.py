@@ -22,6 +22,7 @@ from support import (
     dvc,
     free_port,
     make_project,
+    project_temp,
     run,
     tiny_params,
     wait_for,
@@ -176,6 +177,10 @@ def test_an_exception_in_a_worker_is_shown_with_its_traceback(fault_project):
     assert "pipeline/interrupts/faults.py" in trace and f"\n{error}\n" in trace
     last = crashed.stderr.strip().splitlines()[-1]
     assert last == f"launch[single]: worker rank 0 exited with code 1 ({error})"
+    # torch.multiprocessing keeps a raised worker's error in a pytorch-errorfile-*.pickle of
+    # the temporary directory and never removes it: the stage's own (removed with it) holds it
+    temp = project_temp(project)
+    assert not list(temp.glob("pytorch-errorfile-*")), sorted(temp.iterdir())
 
 
 def test_only_the_strategys_own_section_and_hardware_decide_its_resume(fault_project):
