@@ -68,7 +68,9 @@ def resolve_run(cfg: Config, name: str) -> RunSpec[Any]:
     options = getattr(cfg, name)  # the one look-up by name: checked against the spec here
     if not isinstance(options, strategy.facts.options):
         raise TypeError(f"params section {name!r} is not a {strategy.facts.options.__name__}")
-    # what --print-config prints (pipeline/train.py strategy_config)
+    # what the run records it ran with, flattened (MLflow's params) and by section, as
+    # --print-config prints it (pipeline/train.py strategy_config)
+    params = strategies.own_params(flatten(cfg), name)
     own = strategies.own_params(yaml.safe_load(to_yaml(cfg)), name)
     return RunSpec(
         strategy=strategy,
@@ -81,6 +83,6 @@ def resolve_run(cfg: Config, name: str) -> RunSpec[Any]:
         report=cfg.report,
         mlflow=cfg.mlflow,
         plan=BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum),
-        params=strategies.own_params(flatten(cfg), name),
+        params=params,
         config_yaml=yaml.safe_dump(own, sort_keys=False),
     )
