@@ -254,10 +254,6 @@ class DistConfig:
     join_timeout_s: int = field(default=600, metadata=_min(1))
     """Seconds for all nodes to join the rendezvous, at the start and after a failure,
     before the job gives up."""
-    last_call_s: int = field(default=30, metadata=_min(1))
-    """Elastic (min_nnodes set): once min_nnodes have joined a rendezvous, seconds it waits
-    for more before it closes with those there (torchrun's last_call_timeout). Longer
-    tolerates nodes that start late; shorter carries on sooner after a node is lost."""
 
 
 @dataclass

@@ -50,7 +50,6 @@ class Topology:
     endpoint: Optional[str]
     rdzv_id: str
     join_timeout_s: int
-    last_call_s: int = 30  # elastic: the wait for more nodes once min_nodes are there
     source: str = "dist.nnodes"  # where the node count came from, for messages
     endpoint_source: str = "dist.rdzv_endpoint"  # where the endpoint came from, likewise
 
@@ -125,7 +124,7 @@ def resolve_topology(dist: Any, env: Mapping[str, str], strategy: str) -> Topolo
     rdzv_id = _from_env(env, ENV_NAMES["rdzv_id"])[0] or dist.rdzv_id or f"parallel-lab-{strategy}"
 
     if hi == 1:  # one node: torchrun --standalone; endpoint and rank have nothing to do
-        return Topology(1, 1, None, None, rdzv_id, dist.join_timeout_s, source=source)
+        return Topology(1, 1, None, None, rdzv_id, dist.join_timeout_s, source)
     if endpoint is None:
         raise UserError(
             f"dist.rdzv_endpoint: not set, but {source} is {nnodes}; expected "
@@ -137,8 +136,7 @@ def resolve_topology(dist: Any, env: Mapping[str, str], strategy: str) -> Topolo
             f"dist.node_rank: got {node_rank}, expected 0..{hi - 1} for {source} = {nnodes}"
         )
     endpoint = parse_endpoint(endpoint, ep_source)
-    timeouts = (dist.join_timeout_s, dist.last_call_s)
-    return Topology(lo, hi, node_rank, endpoint, rdzv_id, *timeouts, source, ep_source)
+    return Topology(lo, hi, node_rank, endpoint, rdzv_id, dist.join_timeout_s, source, ep_source)
 
 
 def check_rendezvous_port(topology: Topology) -> None:
@@ -199,8 +197,6 @@ def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[s
             "run_id": str(uuid.uuid4()),
         }
     configs: dict[str, Any] = {"join_timeout": topology.join_timeout_s}
-    if topology.min_nodes < topology.max_nodes:  # elastic: how long to wait beyond the minimum
-        configs["last_call_timeout"] = topology.last_call_s
     if topology.node_rank is not None:
         # Say which agent hosts the store instead of letting each guess from its hostname:
         # deterministic when several "nodes" share a host. c10d numbers the nodes itself.

@@ -147,14 +147,6 @@ def test_elastic_range_from_params_or_environment():
     assert (topo.min_nodes, topo.max_nodes, topo.endpoint) == (2, 4, "h:29400")
     settings = launch_settings(1, 0, topo)
     assert (settings["min_nodes"], settings["max_nodes"]) == (2, 4)
-    # torchrun's last call (30 s unless dist.last_call_s says otherwise): a fixed range has
-    # nothing to wait for beyond its minimum, so it is set for an elastic one alone
-    assert settings["rdzv_configs"]["last_call_timeout"] == 30
-    short = dist(nnodes=4, min_nnodes=2, rdzv_endpoint="h", last_call_s=5)
-    assert launch_settings(1, 0, resolve_topology(short, {}, "ddp"))["rdzv_configs"] == {
-        "join_timeout": 600,
-        "last_call_timeout": 5,
-    }
     assert (
         resolve_topology(dist(), {"NNODES": "1:3", "RDZV_ENDPOINT": "h:1"}, "ddp").nnodes == "1:3"
     )
