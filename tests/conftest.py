@@ -13,6 +13,7 @@ from pipeline.strategies import NAMES
 from support import (
     IMAGE,
     LEARNED,
+    PREDICT,
     TESTS,
     Mirror,
     dvc,
@@ -123,6 +124,7 @@ def every_strategy(tmp_path_factory, http_mirror) -> Path:
         strategies=list(NAMES),
         report={"target_accuracy": LEARNED, "system_metrics_interval_s": 0.5},
         mlflow={"log_model": True},  # the report registers the recommended strategy's model
+        **PREDICT,  # the report's section of predictions
     )
     project = make_project(tmp_path_factory.mktemp("every") / "project", params)
     dvc(project, "repro", timeout=900, PARALLEL_LAB_IMAGE=IMAGE)

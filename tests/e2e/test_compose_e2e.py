@@ -375,9 +375,7 @@ def test_compose_cpu_pipeline_end_to_end(compose, images, tmp_path, request):
     md5 = write_raw(project_dir / "mirror")
     # the predict stages run in the container as in every repro, saying only that none were
     # asked for: their measuring is every_strategy's to show, and seconds each under load
-    params = tiny_params(
-        Mirror("mirror", project_dir / "mirror", md5), strategies=names, predict={"gpus": []}
-    )
+    params = tiny_params(Mirror("mirror", project_dir / "mirror", md5), strategies=names)
     project = make_project(project_dir, params)
     # The repository's owner, whom the pipeline must run as: not uid 1000, no account in the
     # image, and not named anywhere in the compose settings (no UID/GID in the env file).

@@ -14,7 +14,7 @@ OOM = "rank=0,epoch=2,step=2,action=oom,strategy=balanced_dp"
 
 
 def test_a_strategy_out_of_memory_is_reported_and_the_others_compared(tmp_path, http_mirror):
-    params = tiny_params(http_mirror, strategies=["single", "balanced_dp"], predict={"gpus": []})
+    params = tiny_params(http_mirror, strategies=["single", "balanced_dp"])
     project = make_project(tmp_path / "project", params)
     proc = dvc(project, "repro", timeout=600, PARALLEL_LAB_FAULT=OOM)
     out = proc.stdout + proc.stderr

@@ -6,7 +6,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from support import run
+from support import PREDICT, run
 
 # on top of params.yaml's `quick` (6000 images, 3 epochs): what the test mirror holds
 SMALL = ["data.limit_train=512", "data.limit_test=128", "train.epochs=2", "train.batch_size=32"]
@@ -17,7 +17,8 @@ def test_the_quickstart_is_the_stages_run_one_by_one(fetched_project):
     elastic agent), compare and publish; each strategy trains exactly as its own command
     would: ddp, launched after single in the same process (whose launch must leave nothing
     behind), has the same weights, bitwise, as `python -m pipeline.train ddp` alone."""
-    project = fetched_project()  # strategies: single and ddp (one process, then two)
+    # strategies: single and ddp (one process, then two), each predicted as the quickstart's
+    project = fetched_project(**PREDICT)
     out = run(project, "python", "-m", "pipeline.quickstart", *SMALL).stdout
     assert "quickstart: done in" in out and (project / "reports/index.html").exists()
     quick = torch.load(project / "results/ddp/model.pt", weights_only=True)
