@@ -63,9 +63,8 @@ def test_the_settings_are_the_agents(tmp_path):
 
     topo = resolve_topology(dist(nnodes=2, node_rank=1, rdzv_endpoint="node0:1234"), {}, "ddp")
     logs = DefaultLogsSpecs(log_dir=str(tmp_path))  # without it, a /tmp/torchelastic_* is made
-    LaunchConfig(
-        **launch_settings(4, 3, topo), start_method="fork", logs_specs=logs
-    )  # every key is a field
+    settings = launch_settings(4, 3, topo)
+    LaunchConfig(**settings, start_method="fork", logs_specs=logs)  # every key is a field
 
 
 def test_the_launch_config_never_asks_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path):
