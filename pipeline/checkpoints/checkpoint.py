@@ -12,6 +12,9 @@ Layout, under checkpoints/<strategy>/:
                                   [loss_sum, correct, count] totals, the fp16 grad scaler
     latest.json                   the commit record: which (epoch, step) is complete, in which
                                   directory, the run's identity (identity.py), its fingerprint
+    decided.json                  what the run decided at its start (its strategy's
+                                  `at_start`), written at once: a torchrun restart before the
+                                  first checkpoint takes it instead of deciding again
 
 Every rank writes its part (DCP's shards and metadata, then its own file, write-then-rename),
 a barrier makes sure all of them are on disk, and only then does the writer replace
@@ -29,7 +32,7 @@ loaded by each rank as the slice its own (possibly uneven) shard covers. That lo
 depend on how the saving job sharded them, so the files themselves reshard to another world
 size. Each rank reads its own file; at another world size (checkpoint.resume_from: a run's
 identity includes its world size, see identity.py) a rank the saving job did not have reads
-rank 0's, and rank 0 carries the epoch's partial totals of every saved rank (checkpoint_policy).
+rank 0's, and rank 0 carries the epoch's partial totals of every saved rank (`restore`).
 
 BatchNorm statistics of data-parallel ranks without sync_bn drift apart within an epoch (each
 normalises its own shard); the checkpoint keeps rank 0's, the writer's: those are the ones
@@ -72,6 +75,7 @@ from pipeline.checkpoints.checkpoint_files import (
 from pipeline.errors import UserError, disk_full, out_of_space
 from pipeline.files import atomic_write
 from pipeline.results import CHECKPOINT_RECORD, read_checkpoint_record
+from pipeline.strategies.base import Decided
 
 MODEL, OPTIMIZER = "model", "optimizer"  # the two sections of the DCP state
 # Optimizer state keyed by parameter name ("state.<name>.momentum_buffer",
@@ -80,6 +84,7 @@ MODEL, OPTIMIZER = "model", "optimizer"  # the two sections of the DCP state
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 STEP_DIR = "e{epoch}-s{step}"
 STEP_DIR_NAME = re.compile(r"e\d+-s\d+(-1)?")  # a step directory, replacing another or not
+DECIDED = "decided.json"
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,64 @@ class Checkpointer:
                 f"this run is {strategy!r}; expected a checkpoint of the same strategy"
             )
         return cls(directory, rank, world_size, writer=False, key=found[1]["fingerprint"])
+
+    def to_resume(
+        self, resume_from: str | None, strategy: str
+    ) -> tuple[Checkpointer, Position, dict[str, Any]] | None:
+        """Where a run resumes: its own committed checkpoint (this identity's), else the one
+        in `resume_from` (checkpoint.resume_from, read-only; None: none), as (the checkpoints'
+        view, position, record). None: nowhere, the run starts afresh."""
+        found = self.latest()
+        if found is not None:
+            return (self, *found)
+        if not resume_from:
+            return None
+        source = Checkpointer.foreign(Path(resume_from), self.rank, self.world_size, strategy)
+        found = source.latest()
+        assert found is not None  # `foreign` refuses a directory without one
+        return (source, *found)
+
+    def restore(
+        self,
+        pos: Position,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """The checkpoint at `pos` into `module`, `optimizer` and this process's RNGs
+        (collective), after every file of it is checked alike on every rank; returns this
+        rank's own state. Its `train_totals` are the epoch's partial totals: at another world
+        size than the saving job's, rank 0 carries all of them and the other ranks none (they
+        are only ever summed over ranks)."""
+        self.verify(pos)
+        state = self.load(pos)
+        # through torch.distributed.checkpoint: each rank reads its shard, stage or replica
+        self.load_sharded(pos, module, optimizer)
+        set_rng_state(state["rng"], device)
+        saved_by = self.saved_world_size()
+        if saved_by != self.world_size:
+            totals = torch.zeros_like(state["train_totals"])
+            if self.rank == 0:
+                for rank in range(saved_by):
+                    totals += self.load(pos, rank)["train_totals"]
+            state["train_totals"] = totals
+        return state
+
+    def first_attempt_decided(self) -> Decided | None:
+        """What an earlier attempt of this very run (this identity) decided at its start and
+        kept beside its checkpoints (`write_decided`); None where there is nothing of it."""
+        try:
+            kept = json.loads((self.directory / DECIDED).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return kept.get("decided") if kept.get("fingerprint") == self.key else None
+
+    def write_decided(self, decided: Decided) -> None:
+        """What the run decided at its start, beside its checkpoints at once (the writer)."""
+        if self.writer:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            kept = {"fingerprint": self.key, "decided": decided}
+            atomic_write(self.directory / DECIDED, json.dumps(kept, indent=1))
 
     def saved_world_size(self) -> int:
         """How many processes wrote the committed checkpoint."""

@@ -6,7 +6,6 @@ checkpoints."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,23 +13,14 @@ from typing import Any, Optional
 
 import torch
 
-from pipeline.checkpoints.checkpoint import (
-    Checkpointer,
-    Position,
-    rng_state,
-    set_rng_state,
-    sharded_state,
-)
+from pipeline.checkpoints.checkpoint import Checkpointer, Position, rng_state, sharded_state
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import CheckpointConfig
 from pipeline.context import DistContext
-from pipeline.files import atomic_write
 from pipeline.interrupts.faults import Hooks
 from pipeline.numerics.build import Training
 from pipeline.results import EpochRow
 from pipeline.strategies.base import Decided
-
-DECIDED = "decided.json"  # beside the checkpoints: what the run decided at its start, at once
 
 
 @dataclass
@@ -83,16 +73,7 @@ class CheckpointPolicy:
         checkpoint.resume_from) into the model, optimizer, RNGs and scaler; a fresh start
         when there is none, saying why a checkpoint there was not this run's."""
         device = self.ctx.device
-        fresh = Progress(Position(0, 0), [], torch.zeros(3, device=device, dtype=torch.float64))
-        source, found = self.ckpt, self.ckpt.latest()
-        if found is None and self.options.resume_from:
-            source = Checkpointer.foreign(
-                Path(self.options.resume_from),
-                self.ctx.rank,
-                self.ctx.world_size,
-                self.identity.strategy,
-            )
-            found = source.latest()
+        found = self.ckpt.to_resume(self.options.resume_from, self.identity.strategy)
         if found is None:
             other = self.ckpt.other_run()
             if other is not None:
@@ -100,34 +81,27 @@ class CheckpointPolicy:
                     f"not resuming {self.ckpt.directory}: "
                     f"{self.identity.difference(other.get('identity'))}; training from scratch"
                 )
-            fresh.decided = self._decided_before_restart()
+            fresh = Progress(Position(0, 0), [], torch.zeros(3, device=device, dtype=torch.float64))
+            # a torchrun restart with no checkpoint yet goes on with what its first attempt
+            # decided (a new attempt of the stage starts a new run, which decides for itself)
+            if self.ctx.restart > 0:
+                fresh.decided = self.ckpt.first_attempt_decided()
             return fresh
-        position, record = found
-        source.verify(position)  # every rank alike, before the collective load below
-        state = source.load(position)
-        # model and optimizer through torch.distributed.checkpoint: each rank reads its shard,
-        # stage or replica of them (a collective)
-        source.load_sharded(position, training.run.module, training.optimizer)
-        set_rng_state(state["rng"], device)
+        source, position, record = found
+        state = source.restore(position, training.run.module, training.optimizer, device)
         scaler = training.prec.scaler
         if scaler is not None and state.get("grad_scaler"):
             scaler.load_state_dict(state["grad_scaler"])  # fp16: the loss scale it reached
-        totals = state["train_totals"]
-        saved_by, world = source.saved_world_size(), self.ctx.world_size
+        saved_by = source.saved_world_size()
         resharded = ""
         notes = list(record.get("notes", []))
-        if saved_by != world:
-            # another world size (checkpoint.resume_from, or a strategy that computes the same
-            # at any world size): the epoch's partial totals are only ever summed over ranks,
-            # so rank 0 carries all of them
-            totals = torch.zeros_like(totals)
-            if self.ctx.rank == 0:
-                for rank in range(saved_by):
-                    totals += source.load(position, rank)["train_totals"]
-            resharded = f" (saved by {saved_by} process(es), resharded over {world})"
+        if saved_by != self.ctx.world_size:
+            # another world size: checkpoint.resume_from, or a strategy that computes the same
+            # at any world size
+            resharded = f" (saved by {saved_by} process(es), resharded over {self.ctx.world_size})"
             notes.append(
-                f"world size {saved_by} -> {world} at epoch {position.epoch + 1} step "
-                f"{position.step}: resumed from a checkpoint of {saved_by} process(es), "
+                f"world size {saved_by} -> {self.ctx.world_size} at epoch {position.epoch + 1} "
+                f"step {position.step}: resumed from a checkpoint of {saved_by} process(es), "
                 "resharded"
             )
         say(
@@ -148,7 +122,7 @@ class CheckpointPolicy:
         return Progress(
             position,
             history,
-            totals.to(device),
+            state["train_totals"].to(device),
             notes,
             record.get("decided"),
             record.get("wall_seconds", history[-1].wall_seconds if history else 0.0),
@@ -163,21 +137,7 @@ class CheckpointPolicy:
         if progress.decided is not None or decided is None:
             return
         progress.decided = decided
-        if self.writer:
-            self.ckpt.directory.mkdir(parents=True, exist_ok=True)
-            kept = {"fingerprint": self.identity.key, "decided": decided}
-            atomic_write(self.ckpt.directory / DECIDED, json.dumps(kept, indent=1))
-
-    def _decided_before_restart(self) -> Optional[Decided]:
-        """A torchrun restart with no checkpoint yet: what this run's first attempt decided.
-        (A new attempt of the stage starts a new run, which decides for itself.)"""
-        if self.ctx.restart == 0:
-            return None
-        try:
-            kept = json.loads((self.ckpt.directory / DECIDED).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        return kept.get("decided") if kept.get("fingerprint") == self.identity.key else None
+        self.ckpt.write_decided(decided)
 
     def save(
         self,

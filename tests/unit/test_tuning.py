@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.checkpoints.checkpoint import Position
-from pipeline.checkpoints.checkpoint_policy import DECIDED, CheckpointPolicy
+from pipeline.checkpoints.checkpoint import DECIDED, Position
+from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import Config
 from pipeline.context import DistContext
