@@ -103,6 +103,9 @@ def build_training(
     # one precision for the job, which every rank computes its gradients in (a collective)
     capabilities = job_capabilities(gpu_capability(device), ctx.world_size)
     prec = build_precision(train.precision, device, capabilities)
+    # its process-wide switches (TF32, cuDNN autotuning) at once: the one fallback to come
+    # (fit_to_strategy: a pipeline's fp16 trains in fp32) leaves TF32 off, as it was
+    configure_backends(prec, device)
     model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
     # DDP ties its gradient accumulators to the stream it is built on, and a capture breaks
     # where that is the default stream (torch's warning on the H200, 2026-11-28; PyTorch's
@@ -110,13 +113,14 @@ def build_training(
     with side_stream(device) if train.cuda_graph == "step" else nullcontext():
         run = spec.strategy.parallelize(model, spec.options, plan, ctx, prec.autocast)
     prec, channels_last = fit_to_strategy(prec, run, facts, train.channels_last)
-    configure_backends(prec, device)
     pipelined = isinstance(run, PipelinedRun)
 
     graphed, mode, graph_notes = step_graph(
         train, facts.cuda_graphs, device, ctx.world_size, run.devices, prec.name
     )
     graph_notes = [*auto_notes, *graph_notes]
+    optimizer = make_optimizer(run.module.parameters(), train)
+    whole_step = GraphedStep(optimizer, device) if graphed else None  # its warm-up, then replays
 
     def prepare(module_forward: Optional[Forward]) -> tuple[Optional[Forward], list[str]]:
         return compile_forward(module_forward, train.compile, mode, facts.cuda_graphs)
@@ -127,7 +131,6 @@ def build_training(
         return compiled
 
     forward, compile_notes = prepare(run.forward if isinstance(run, DataParallelRun) else None)
-    optimizer = make_optimizer(run.module.parameters(), train)
     # compile's own graphs and their step marker give way to the whole step's
     new_graph_step = graph_step_marker(train, facts.cuda_graphs and not graphed)
     feed = Feed(plan, plan.data_rank(ctx.rank), prec.dtype, channels_last, device)
@@ -165,7 +168,7 @@ def build_training(
         optimizer=optimizer,
         loss_fn=loss_function(train, schedule_owns_loss=pipelined),
         schedule=LrSchedule.of(train, plan.steps),
-        graphed=GraphedStep(optimizer, device) if graphed else None,
+        graphed=whole_step,
         memory_devices=memory.local_devices(run.devices, ctx),
     )
 

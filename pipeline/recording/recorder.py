@@ -79,6 +79,7 @@ class RunRecorder:
         self.fresh = progress.position == Position(0, 0) and ctx.restart == 0
         # the strategy's notes and the precision's, then what happened to this run on its way
         self.shared = ctx.shared(training.run.devices)  # ranks that took turns on a GPU
+        self.gpus = ctx.physical_gpus(training.run.devices)  # the run's, not every one it sees
         shared = shared_note(self.shared, ctx.world_size > 1)
         self.notes = [*training.notes, *([shared] if shared else []), *progress.notes]
         self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
@@ -95,8 +96,7 @@ class RunRecorder:
         """The MLflow run (a resumed run continues the same one), its system metrics started:
         handed to the stage's publisher where the launcher started one (`events`), else kept
         in this process."""
-        run, ctx = self.training.run, self.ctx
-        gpus = ctx.physical_gpus(run.devices)  # the run's, not every GPU it could see
+        run, ctx, gpus = self.training.run, self.ctx, self.gpus
         tags = {
             **base_tags(),
             "strategy": self.name,
