@@ -77,9 +77,9 @@ class RunRecorder:
         # restarting this job's workers (the stage's same attempt, whose run a failed rank
         # may have ended)
         self.fresh = progress.position == Position(0, 0) and ctx.restart == 0
-        # the strategy's notes and the precision's, then what happened to this run on its way
         self.shared = ctx.shared(training.run.devices)  # ranks that took turns on a GPU
         self.gpus = ctx.physical_gpus(training.run.devices)  # the run's, not every one it sees
+        # the strategy's notes and the precision's, then what happened to this run on its way
         shared = shared_note(self.shared, ctx.world_size > 1)
         self.notes = [*training.notes, *([shared] if shared else []), *progress.notes]
         self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
