@@ -42,12 +42,16 @@ class BatchPlan:
             )
         return replace(self, data_world=data_world)
 
-    def of_job(self, data_parallel: bool, world_size: int, who: str) -> BatchPlan:
+    def of_job(
+        self, data_parallel: bool, world_size: int, who: str, n_train: Optional[int] = None
+    ) -> BatchPlan:
         """The plan of a job of `world_size` processes: shared by them all where the strategy
         is data-parallel (each rank trains a share of every micro-batch), else as one process
-        trains it. The one place that rule is written: the launcher checks it at each world
-        size a job may have (topology.check_job), each worker applies it to its own."""
-        return self.over(world_size, who) if data_parallel else self
+        trains it; drawing from `n_train` samples where given. The one place that rule is
+        written: the launcher checks it at each world size a job may have
+        (topology.check_job), each worker applies it to its own."""
+        plan = self.over(world_size, who) if data_parallel else self
+        return plan if n_train is None else plan.drawing_from(n_train)
 
     def drawing_from(self, n_train: int) -> BatchPlan:
         """The plan for a training set of `n_train` samples, which must hold one batch."""

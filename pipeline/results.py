@@ -148,7 +148,7 @@ class RunSummary:
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # physical GPU id -> the ranks (or DataParallel replicas) that shared it (devices: "0,0");
-    # {} where each had a device of its own. Such a run's time is no speed (shared_note)
+    # {} where each had a device of its own. Such a run's time is no speed (recorder.shared_note)
     shared_devices: dict[str, int] = field(default_factory=dict)
     # The run's identity (pipeline/checkpoints/identity.py). Its MLflow run is found through it:
     # checkpoints/<strategy>/run.json maps it to the store and run id that hold it now, and
@@ -312,20 +312,6 @@ def speed_note(history: list[EpochRow]) -> Optional[str]:
             "steps split between processes"
         )
     return "; ".join(notes) or None
-
-
-def shared_note(shared: dict[str, int], processes: bool) -> Optional[str]:
-    """What a run whose ranks (`processes`; else DataParallel's replicas) shared GPUs says of
-    its figures; None where none shared."""
-    if not shared:
-        return None
-    who = "ranks" if processes else "replicas"
-    on = ", ".join(f"{n} on GPU {gpu}" for gpu, n in shared.items())
-    return (
-        f"shared-device: its {who} shared GPUs ({on}; devices names a GPU more than once): "
-        f"each {who[:-1]}'s memory is its own and real, but they took turns on one device, "
-        "so its time is no speed: no throughput, speedup or time to target is ranked from it"
-    )
 
 
 def speed_figures(history: list[EpochRow]) -> dict[str, Any]:

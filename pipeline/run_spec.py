@@ -41,7 +41,8 @@ class RunSpec(Generic[OptionsT]):
     checkpoint: CheckpointConfig
     report: ReportConfig
     mlflow: MlflowConfig
-    # the batch as one process trains it (train.batch_size, train.grad_accum), checked
+    # the batch (train.batch_size, train.grad_accum), checked: in a worker, over its job's
+    # ranks and training samples (resolve_run's `job`); elsewhere as one process trains it
     plan: BatchPlan
     # what the run records it ran with: every key but the other strategies' sections,
     # flattened (MLflow params, the identity's source) and as YAML (results/<name>/config.yaml)
@@ -57,13 +58,16 @@ class RunSpec(Generic[OptionsT]):
         return self.strategy.facts
 
     def job_plan(self, world_size: int, n_train: int) -> BatchPlan:
-        """The batch plan of a job of `world_size` processes drawing from `n_train` samples."""
-        plan = self.plan.of_job(self.facts.data_parallel, world_size, self.name)
-        return plan.drawing_from(n_train)
+        """The batch plan of a job of `world_size` processes drawing from `n_train` samples
+        (of a spec resolved without one: a prediction's, a benchmark's)."""
+        return self.plan.of_job(self.facts.data_parallel, world_size, self.name, n_train)
 
 
-def resolve_run(cfg: Config, name: str) -> RunSpec[Any]:
-    """The run of strategy `name` that `cfg` asks for; a UserError if its batch does not fit."""
+def resolve_run(cfg: Config, name: str, job: tuple[int, int] | None = None) -> RunSpec[Any]:
+    """The run of strategy `name` that `cfg` asks for; a UserError if its batch does not fit.
+    `job`: (world size, training samples) of the job a worker runs in: the plan is then
+    that job's (`RunSpec.job_plan`). None: the batch as one process trains it (the launcher,
+    which checks it at every world size its job may have)."""
     strategy = strategies.get(name)
     options = getattr(cfg, name)  # the one look-up by name: checked against the spec here
     if not isinstance(options, strategy.facts.options):
@@ -72,6 +76,9 @@ def resolve_run(cfg: Config, name: str) -> RunSpec[Any]:
     # --print-config prints it (pipeline/train.py strategy_config)
     params = strategies.own_params(flatten(cfg), name)
     own = strategies.own_params(yaml.safe_load(to_yaml(cfg)), name)
+    plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
+    if job is not None:
+        plan = plan.of_job(strategy.facts.data_parallel, job[0], name, job[1])
     return RunSpec(
         strategy=strategy,
         options=options,
@@ -82,7 +89,7 @@ def resolve_run(cfg: Config, name: str) -> RunSpec[Any]:
         checkpoint=cfg.checkpoint,
         report=cfg.report,
         mlflow=cfg.mlflow,
-        plan=BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum),
+        plan=plan,
         params=params,
         config_yaml=yaml.safe_dump(own, sort_keys=False),
     )

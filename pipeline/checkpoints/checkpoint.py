@@ -13,8 +13,8 @@ Layout, under checkpoints/<strategy>/:
     latest.json                   the commit record: which (epoch, step) is complete, in which
                                   directory, the run's identity (identity.py), its fingerprint
     decided.json                  what the run decided at its start (its strategy's
-                                  `at_start`), written at once: a torchrun restart before the
-                                  first checkpoint takes it instead of deciding again
+                                  `at_start`), written at once (checkpoint_policy.py): a
+                                  torchrun restart before the first checkpoint takes it
 
 Every rank writes its part (DCP's shards and metadata, then its own file, write-then-rename),
 a barrier makes sure all of them are on disk, and only then does the writer replace
@@ -75,7 +75,6 @@ from pipeline.checkpoints.checkpoint_files import (
 from pipeline.errors import UserError, disk_full, out_of_space
 from pipeline.files import atomic_write
 from pipeline.results import CHECKPOINT_RECORD, read_checkpoint_record
-from pipeline.strategies.base import Decided
 
 MODEL, OPTIMIZER = "model", "optimizer"  # the two sections of the DCP state
 # Optimizer state keyed by parameter name ("state.<name>.momentum_buffer",
@@ -84,7 +83,6 @@ MODEL, OPTIMIZER = "model", "optimizer"  # the two sections of the DCP state
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 STEP_DIR = "e{epoch}-s{step}"
 STEP_DIR_NAME = re.compile(r"e\d+-s\d+(-1)?")  # a step directory, replacing another or not
-DECIDED = "decided.json"
 
 
 @dataclass(frozen=True)
@@ -269,22 +267,6 @@ class Checkpointer:
                     totals += self.load(pos, rank)["train_totals"]
             state["train_totals"] = totals
         return state
-
-    def first_attempt_decided(self) -> Decided | None:
-        """What an earlier attempt of this very run (this identity) decided at its start and
-        kept beside its checkpoints (`write_decided`); None where there is nothing of it."""
-        try:
-            kept = json.loads((self.directory / DECIDED).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        return kept.get("decided") if kept.get("fingerprint") == self.key else None
-
-    def write_decided(self, decided: Decided) -> None:
-        """What the run decided at its start, beside its checkpoints at once (the writer)."""
-        if self.writer:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            kept = {"fingerprint": self.key, "decided": decided}
-            atomic_write(self.directory / DECIDED, json.dumps(kept, indent=1))
 
     def saved_world_size(self) -> int:
         """How many processes wrote the committed checkpoint."""

@@ -2,13 +2,13 @@
 checkpoint of this very run (or of checkpoint.resume_from), and the saves every
 `checkpoint.every_epochs`, at the end and on SIGTERM. Checkpoint files themselves:
 checkpoint.py. What the run decided at its start (its strategy's `at_start`) travels with its
-checkpoints."""
+checkpoints, and beside them in decided.json from the moment it is decided."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -17,10 +17,13 @@ from pipeline.checkpoints.checkpoint import Checkpointer, Position, rng_state, s
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import CheckpointConfig
 from pipeline.context import DistContext
+from pipeline.files import atomic_write
 from pipeline.interrupts.faults import Hooks
 from pipeline.numerics.build import Training
 from pipeline.results import EpochRow
 from pipeline.strategies.base import Decided
+
+DECIDED = "decided.json"  # beside the checkpoints: what the run decided at its start
 
 
 @dataclass
@@ -53,14 +56,13 @@ class CheckpointPolicy:
         self,
         options: CheckpointConfig,
         epochs: int,
-        directory: Path,
+        ckpt: Checkpointer,
         identity: RunIdentity,
         ctx: DistContext,
-        writer: bool,
     ):
+        """`ckpt`: the run's checkpoints, as this rank reads and writes them."""
         self.options, self.epochs, self.identity, self.ctx = options, epochs, identity, ctx
-        self.writer = writer
-        self.ckpt = Checkpointer(directory, ctx.rank, ctx.world_size, writer, identity.key)
+        self.ckpt, self.writer = ckpt, ckpt.writer
 
     def due(self, epochs_done: int) -> bool:
         """Whether the end of this epoch is checkpointed: every N epochs, and always the last
@@ -68,10 +70,43 @@ class CheckpointPolicy:
         every = self.options.every_epochs
         return epochs_done == self.epochs or (every > 0 and epochs_done % every == 0)
 
-    def resume(self, training: Training, say: Callable[[str], None]) -> Progress:
+    def resume(self, training: Training, say: Callable[[str], None]) -> tuple[Training, Progress]:
+        """The run as it starts again, and where: `training` restored (`restored`), then its
+        strategy's own last step before training (`Training.started`), which takes what the
+        run decided at its start where a checkpoint, or this run's first attempt, kept it.
+        What it decides afresh goes into the progress (every checkpoint keeps it) and beside
+        the checkpoints at once: a torchrun restart before the first checkpoint goes on with
+        the same run (and MLflow run, whose params hold it), so it takes it rather than
+        deciding again."""
+        # an earlier attempt of this very run (this identity), restarted by torchrun, may have
+        # decided before it checkpointed anything
+        kept = self.first_attempt_decided() if self.ctx.restart > 0 else None
+        progress = self.restored(training, say, kept)
+        training, decided = training.started(progress.decided, say)
+        if progress.decided is None and decided is not None:
+            progress.decided = decided
+            if self.writer:
+                self.ckpt.directory.mkdir(parents=True, exist_ok=True)
+                record = {"fingerprint": self.identity.key, "decided": decided}
+                atomic_write(self.ckpt.directory / DECIDED, json.dumps(record, indent=1))
+        return training, progress
+
+    def first_attempt_decided(self) -> Optional[Decided]:
+        """What an earlier attempt of this very run (this identity) decided at its start and
+        kept beside its checkpoints (`resume`); None where there is nothing of it."""
+        try:
+            kept = json.loads((self.ckpt.directory / DECIDED).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return kept.get("decided") if kept.get("fingerprint") == self.identity.key else None
+
+    def restored(
+        self, training: Training, say: Callable[[str], None], kept: Optional[Decided]
+    ) -> Progress:
         """Restore the last committed checkpoint of this run's identity (or of
         checkpoint.resume_from) into the model, optimizer, RNGs and scaler; a fresh start
-        when there is none, saying why a checkpoint there was not this run's."""
+        when there is none, saying why a checkpoint there was not this run's. `kept`: what
+        a fresh start takes as decided (`first_attempt_decided`)."""
         device = self.ctx.device
         found = self.ckpt.to_resume(self.options.resume_from, self.identity.strategy)
         if found is None:
@@ -81,12 +116,8 @@ class CheckpointPolicy:
                     f"not resuming {self.ckpt.directory}: "
                     f"{self.identity.difference(other.get('identity'))}; training from scratch"
                 )
-            fresh = Progress(Position(0, 0), [], torch.zeros(3, device=device, dtype=torch.float64))
-            # a torchrun restart with no checkpoint yet goes on with what its first attempt
-            # decided (a new attempt of the stage starts a new run, which decides for itself)
-            if self.ctx.restart > 0:
-                fresh.decided = self.ckpt.first_attempt_decided()
-            return fresh
+            totals = torch.zeros(3, device=device, dtype=torch.float64)
+            return Progress(Position(0, 0), [], totals, decided=kept)
         source, position, record = found
         state = source.restore(position, training.run.module, training.optimizer, device)
         scaler = training.prec.scaler
@@ -128,16 +159,6 @@ class CheckpointPolicy:
             record.get("wall_seconds", history[-1].wall_seconds if history else 0.0),
             epoch_seconds,
         )
-
-    def keep_decided(self, progress: Progress, decided: Optional[Decided]) -> None:
-        """What the run just decided at its start, where it decided afresh: into `progress`
-        (every checkpoint keeps it) and beside its checkpoints at once, for a torchrun restart
-        before the first checkpoint, which goes on with the same run (and MLflow run, whose
-        params hold it) and so takes it rather than deciding again."""
-        if progress.decided is not None or decided is None:
-            return
-        progress.decided = decided
-        self.ckpt.write_decided(decided)
 
     def save(
         self,

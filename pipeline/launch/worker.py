@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from pipeline.config import Config, load_config
 from pipeline.context import DistContext
+from pipeline.data.fashion_mnist import train_samples
 from pipeline.did_not_fit import RunDidNotFit
 from pipeline.errors import (
     BAD_INPUT,
@@ -84,8 +85,10 @@ def entry(strategy: str, cfg: Config | None = None, overrides: list[str] | None 
         # the Config is resolved here, once, into the run's spec: nothing below sees the rest
         if cfg is None:  # started by hand: params.yaml is read here
             cfg = load_config("params.yaml", overrides or [])
-        spec = resolve_run(cfg, strategy)
         ctx = DistContext.from_env()
+        # the batch as this job trains it, checked before anything is built (as the launcher
+        # checked it for every world size the job may have)
+        spec = resolve_run(cfg, strategy, (ctx.world_size, train_samples(cfg.data.limit_train)))
         mark("worker", ctx.rank)
         events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
         terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it

@@ -25,7 +25,11 @@ from typing import IO, Any, Optional
 import torch
 from tqdm import tqdm
 
+from pipeline import memory
+from pipeline.context import DistContext
 from pipeline.memory import DevicePeak
+from pipeline.numerics.build import Training
+from pipeline.run_spec import RunSpec
 
 BAR_ROWS = 24  # the screen height tqdm is told: the bar shows at any height
 BAR_EVERY_S = 0.5  # the bar's loss and samples/s are refreshed this often (a copy each time)
@@ -288,3 +292,26 @@ class LiveProgress:
             {k: v for k, v in metrics.items() if v is not None},
             int(point.wall * 1000),
         )
+
+
+def live_progress(
+    spec: RunSpec[Any],
+    training: Training,
+    ctx: DistContext,
+    log_steps: StepLog,
+    terminal_columns: int | None,
+) -> LiveProgress | None:
+    """The writer's report while an epoch runs (`log_steps`: its MLflow run's, for the steps'
+    metrics); the other ranks report nothing."""
+    if not training.run.writer:
+        return None
+    settings = LiveSettings(terminal_columns, spec.report.log_every_s, spec.mlflow.log_every_steps)
+    devices = training.memory_devices
+    return LiveProgress(
+        settings,
+        spec.name,
+        spec.train.epochs,
+        training.plan.batch_size,
+        log_steps,
+        lambda: memory.read_peaks(devices, ctx),  # allocator counters: no device sync
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from pipeline import memory
 from pipeline.checkpoints.checkpoint import Position
@@ -26,7 +26,6 @@ from pipeline.results import (
     EpochRow,
     RunSummary,
     history_csv,
-    shared_note,
     speed_figures,
     write_results,
 )
@@ -57,6 +56,20 @@ def writer_log(name: str, writer: bool) -> Callable[[str], None]:
 def _tag(value: Any) -> str:
     """A tag's text: true/false for a flag, as params.yaml writes it."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def shared_note(shared: dict[str, int], processes: bool) -> Optional[str]:
+    """What a run whose ranks (`processes`; else DataParallel's replicas) shared GPUs says of
+    its figures; None where none shared."""
+    if not shared:
+        return None
+    who = "ranks" if processes else "replicas"
+    on = ", ".join(f"{n} on GPU {gpu}" for gpu, n in shared.items())
+    return (
+        f"shared-device: its {who} shared GPUs ({on}; devices names a GPU more than once): "
+        f"each {who[:-1]}'s memory is its own and real, but they took turns on one device, "
+        "so its time is no speed: no throughput, speedup or time to target is ranked from it"
+    )
 
 
 class RunRecorder:

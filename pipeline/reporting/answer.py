@@ -316,7 +316,7 @@ def _recommend(
     verdicts: Mapping[str, str],
     floor: SpeedFloor,
 ) -> Recommendation:
-    turns = []  # ranks that took turns on one GPU: their time is no speed (results.shared_note)
+    turns = []  # ranks that took turns on one GPU: their time is no speed (recorder.shared_note)
     if objective.key in SPEED_OBJECTIVES:
         turns = [r["strategy"] for r in rows if r.get("shared_devices")]
         rows = [r for r in rows if not r.get("shared_devices")]

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pipeline import memory
+from pipeline.checkpoints.checkpoint import Checkpointer
 from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
 from pipeline.checkpoints.hardware import run_hardware
 from pipeline.checkpoints.identity import run_identity
@@ -19,8 +19,8 @@ from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, load_arrays
 from pipeline.interrupts.faults import hooks_from_env
 from pipeline.interrupts.stop import StopRequest
-from pipeline.numerics.build import Training, build_training
-from pipeline.recording.live import LiveProgress, LiveSettings
+from pipeline.numerics.build import build_training
+from pipeline.recording.live import live_progress
 from pipeline.recording.recorder import RunRecorder, writer_log
 from pipeline.results import CHECKPOINTS
 from pipeline.run_spec import RunSpec
@@ -35,7 +35,8 @@ def start(
     terminal_columns: int | None = None,
     events: Path | None = None,
 ) -> tuple[Trainer, Session]:
-    """The run of `spec` in this process, ready for `Trainer.fit`.
+    """The run of `spec` in this process, ready for `Trainer.fit`. `spec` is resolved for
+    this job (`resolve_run`'s `job`): its plan is the batch over the job's ranks.
     `stop`: the process's stop request, which the caller keeps after the run (None: the run
     makes its own).
     `terminal_columns`: the width of the terminal the stage's output goes to, if it does
@@ -49,49 +50,19 @@ def start(
     torch.manual_seed(spec.seed)
     data = to_device(load_arrays(), ctx.device, spec.data.limit_train, spec.data.limit_test)
     mark("data on device", ctx.rank)
-    plan = spec.job_plan(ctx.world_size, len(data.train_labels))
-    training = build_training(spec, ctx, data, plan)
+    training = build_training(spec, ctx, data, spec.plan)
     mark("model built", ctx.rank)
     hardware = run_hardware(ctx, training.run.devices, training.prec.name)
     identity = run_identity(spec, ctx.world_size, DATA_DIR / ARRAYS, hardware)
-    policy = CheckpointPolicy(
-        spec.checkpoint,
-        spec.train.epochs,
-        CHECKPOINTS / spec.name,
-        identity,
-        ctx,
-        training.run.writer,
+    checkpoints = Checkpointer(
+        CHECKPOINTS / spec.name, ctx.rank, ctx.world_size, training.run.writer, identity.key
     )
-    say = writer_log(spec.name, training.run.writer)
-    progress = policy.resume(training, say)
-    # the strategy's own last step before training, if it has one: a resume's decision kept
-    training, decided = training.started(progress.decided, say)
-    policy.keep_decided(progress, decided)
+    policy = CheckpointPolicy(spec.checkpoint, spec.train.epochs, checkpoints, identity, ctx)
+    # restored, then the strategy's own last step before training, if it has one
+    training, progress = policy.resume(training, writer_log(spec.name, training.run.writer))
     recorder = RunRecorder(spec, ctx, training, identity.key, progress, events)
     mark("mlflow run opened", ctx.rank)
-    live = live_progress(spec, training, ctx, recorder, terminal_columns)
+    live = live_progress(spec, training, ctx, recorder.tracker.log_steps_soon, terminal_columns)
     hooks = hooks_from_env(ctx.rank, lambda: stop.flag, spec.name)
     trainer = Trainer(training, ctx, stop, hooks, live)
     return trainer, Session(spec, data, progress, policy, recorder)
-
-
-def live_progress(
-    spec: RunSpec[Any],
-    training: Training,
-    ctx: DistContext,
-    recorder: RunRecorder,
-    terminal_columns: int | None,
-) -> LiveProgress | None:
-    """The writer's report while an epoch runs; the other ranks report nothing."""
-    if not training.run.writer:
-        return None
-    settings = LiveSettings(terminal_columns, spec.report.log_every_s, spec.mlflow.log_every_steps)
-    devices = training.memory_devices
-    return LiveProgress(
-        settings,
-        spec.name,
-        spec.train.epochs,
-        training.plan.batch_size,
-        recorder.tracker.log_steps_soon,
-        lambda: memory.read_peaks(devices, ctx),  # allocator counters: no device sync
-    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.checkpoints.checkpoint import Checkpointer
 from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import CheckpointConfig
@@ -16,7 +17,8 @@ CPU = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
 def policy(tmp_path, every: int, epochs: int) -> CheckpointPolicy:
     identity = RunIdentity({}, "single", 1, {}, "d", {})
     options = CheckpointConfig(every_epochs=every)
-    return CheckpointPolicy(options, epochs, tmp_path, identity, CPU, True)
+    files = Checkpointer(tmp_path, 0, 1, True, identity.key)
+    return CheckpointPolicy(options, epochs, files, identity, CPU)
 
 
 @pytest.mark.parametrize(

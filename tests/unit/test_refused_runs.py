@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.data.download import convert
-from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, write_arrays
+from pipeline.data.fashion_mnist import ARRAYS, DATA_DIR, train_samples, write_arrays
 from pipeline.errors import UserError
 from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RUN_RECORD
 from pipeline.run_spec import resolve_run
@@ -69,7 +69,9 @@ def test_bad_input_found_mid_run_leaves_the_run_failed(store, raw_dataset, monke
     sigterm = signal.getsignal(signal.SIGTERM)  # the session installs its own
     try:
         with pytest.raises(UserError, match="found mid-run"):
-            trainer, kept = session.start(resolve_run(load_config(None, TINY), "single"), CPU)
+            cfg = load_config(None, TINY)
+            job = (CPU.world_size, train_samples(cfg.data.limit_train))  # as the worker's
+            trainer, kept = session.start(resolve_run(cfg, "single", job), CPU)
             trainer.fit(kept)
     finally:
         signal.signal(signal.SIGTERM, sigterm)

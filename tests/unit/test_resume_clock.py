@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.checkpoints.checkpoint import Position
+from pipeline.checkpoints.checkpoint import Checkpointer, Position
 from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import Config
@@ -83,9 +83,10 @@ def process(data, directory, stop_before, monkeypatch):
     training = build_training(spec, CPU, data, plan)
     # the recorder of a rank that writes no results/ and keeps no MLflow run
     training = replace(training, run=replace(training.run, writer=False))
-    policy = CheckpointPolicy(cfg.checkpoint, 1, directory, IDENTITY, CPU, True)
+    files = Checkpointer(directory, 0, 1, True, IDENTITY.key)
+    policy = CheckpointPolicy(cfg.checkpoint, 1, files, IDENTITY, CPU)
     lines: list[str] = []
-    progress = policy.resume(training, lines.append)
+    training, progress = policy.resume(training, lines.append)
     start = replace(progress, history=list(progress.history), notes=list(progress.notes))
     recorder = RunRecorder(spec, CPU, training, IDENTITY.key, progress)
     stop = StopBefore(stop_before, clock)

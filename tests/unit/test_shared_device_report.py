@@ -5,8 +5,9 @@ from test_answer import SINGLE, TARGET, by_objective, rows_of, run
 
 from pipeline import memory
 from pipeline.context import DistContext
+from pipeline.recording.recorder import shared_note
 from pipeline.reporting import answer, table
-from pipeline.results import RunSummary, device_metric, device_of, parse_device_metric, shared_note
+from pipeline.results import RunSummary, device_metric, device_of, parse_device_metric
 
 # ddp as 2 ranks on GPU 0: each rank's own peak; faster than single on paper
 SHARED = run("ddp", ["cuda:0", "cuda:0"], 4.0, 0.89, {"gpu_0_rank0": 60.0, "gpu_0_rank1": 58.0})

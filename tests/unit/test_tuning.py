@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.checkpoints.checkpoint import DECIDED, Position
-from pipeline.checkpoints.checkpoint_policy import CheckpointPolicy
+from pipeline.checkpoints.checkpoint import Checkpointer, Position
+from pipeline.checkpoints.checkpoint_policy import DECIDED, CheckpointPolicy
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import Config
 from pipeline.context import DistContext
@@ -54,11 +54,10 @@ class Start:
         self.measured = 0
         monkeypatch.setattr(gpu0_autotune, "resolve_gpu0_bsz", self.fake)
         built = build_training(spec, ctx, data, plan)
-        self.policy = CheckpointPolicy(cfg.checkpoint, 2, directory, identity, ctx, True)
+        files = Checkpointer(directory, 0, 1, True, identity.key)
+        self.policy = CheckpointPolicy(cfg.checkpoint, 2, files, identity, ctx)
         self.lines: list[str] = []
-        self.progress = self.policy.resume(built, self.lines.append)
-        self.training, decided = built.started(self.progress.decided, self.lines.append)
-        self.policy.keep_decided(self.progress, decided)
+        self.training, self.progress = self.policy.resume(built, self.lines.append)
 
     def fake(self, *args, **kwargs):
         self.measured += 1
