@@ -1,7 +1,8 @@
 """One strategy's run assembled in a torchrun worker, up to its first step: the seeded data
-and model, the batch plan, the strategy's run built around them, the resume of the last
-committed checkpoint of this very configuration (checkpoint_policy.py), the MLflow run and
-the live report. What then trains it is the Trainer's (trainer.py)."""
+and model, the strategy's run built around them, the resume of the last committed checkpoint
+of this very configuration (checkpoint_policy.py, which then has the strategy take its own
+last step before training), the MLflow run and the live report. What then trains it is the
+Trainer's (trainer.py)."""
 
 from __future__ import annotations
 
