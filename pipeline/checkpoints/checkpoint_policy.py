@@ -62,7 +62,7 @@ class CheckpointPolicy:
     ):
         """`ckpt`: the run's checkpoints, as this rank reads and writes them."""
         self.options, self.epochs, self.identity, self.ctx = options, epochs, identity, ctx
-        self.ckpt, self.writer = ckpt, ckpt.writer
+        self.ckpt = ckpt
 
     def due(self, epochs_done: int) -> bool:
         """Whether the end of this epoch is checkpointed: every N epochs, and always the last
@@ -85,7 +85,7 @@ class CheckpointPolicy:
         training, decided = training.started(progress.decided, say)
         if progress.decided is None and decided is not None:
             progress.decided = decided
-            if self.writer:
+            if self.ckpt.writer:
                 self.ckpt.directory.mkdir(parents=True, exist_ok=True)
                 record = {"fingerprint": self.identity.key, "decided": decided}
                 atomic_write(self.ckpt.directory / DECIDED, json.dumps(record, indent=1))
