@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from pipeline.errors import UserError
+from pipeline.parallel_dims import ParallelDims
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class BatchPlan:
     batch_size: int  # samples per optimizer step, over every rank (train.batch_size)
     grad_accum: int  # forwards per optimizer step (train.grad_accum)
     data_world: int = 1  # ranks that each train a share of every micro-batch
+    # neighbouring ranks that train one share together (a mesh's pipeline x channel ranks:
+    # pipeline/parallel_dims.py); kept only where the batch is shared (data_world > 1)
+    model_world: int = 1
     n_train: Optional[int] = None  # training samples an epoch draws from; None: not yet known
 
     @classmethod
@@ -42,15 +46,15 @@ class BatchPlan:
             )
         return replace(self, data_world=data_world)
 
-    def of_job(
-        self, data_parallel: bool, world_size: int, who: str, n_train: Optional[int] = None
-    ) -> BatchPlan:
-        """The plan of a job of `world_size` processes: shared by them all where the strategy
-        is data-parallel (each rank trains a share of every micro-batch), else as one process
-        trains it; drawing from `n_train` samples where given. The one place that rule is
-        written: the launcher checks it at each world size a job may have
-        (topology.check_job), each worker applies it to its own."""
-        plan = self.over(world_size, who) if data_parallel else self
+    def of_job(self, dims: ParallelDims, who: str, n_train: Optional[int] = None) -> BatchPlan:
+        """The plan of a job whose processes split the work as `dims` says: shared by its
+        data ranks (each trains a share of every micro-batch, with the model ranks beside it
+        on the same share), else as one process trains it; drawing from `n_train` samples
+        where given. The one place that rule is written: the launcher checks it at each world
+        size a job may have (topology.check_job), each worker applies it to its own."""
+        plan = self
+        if dims.data > 1:
+            plan = replace(self.over(dims.data, who), model_world=dims.model)
         return plan if n_train is None else plan.drawing_from(n_train)
 
     def drawing_from(self, n_train: int) -> BatchPlan:
@@ -91,5 +95,6 @@ class BatchPlan:
         return (self.steps - step) * self.batch_size
 
     def data_rank(self, rank: int) -> int:
-        """Which share of each micro-batch process `rank` trains (0 when one trains it all)."""
-        return rank if self.data_world > 1 else 0
+        """Which share of each micro-batch process `rank` trains (0 when one trains it all):
+        the ranks of a mesh's model dimensions sit next to each other (ParallelDims)."""
+        return rank // self.model_world if self.data_world > 1 else 0

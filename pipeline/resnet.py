@@ -40,6 +40,26 @@ class Residual(nn.Module):
         return torch.relu(y + skip)
 
 
+# Channel parallelism's plan for this network (the notes' 通道并行; applied by
+# pipeline/strategies/channel_split.py): in every residual block the first convolution is split
+# by its output channels and its BatchNorm with it, so each shard normalises its own channels
+# over the whole micro-batch, exactly as one device does; the second convolution is split by its
+# input channels, and the shards' partial outputs are summed before its bias. Everything else
+# (the stem, the shortcut, the second BatchNorm, the head) is replicated. Layer -> how it splits.
+CHANNEL_PLAN = {"conv1": "colwise", "bn1": "colwise", "conv2": "rowwise"}
+
+
+def residual_blocks(model: nn.Sequential) -> list[Residual]:
+    """The residual blocks of `resnet18`, in order: where CHANNEL_PLAN applies."""
+    return [block for stage in RESIDUAL_STAGES for block in model[stage] if isinstance(block, Residual)]
+
+
+def split_channels(width: int) -> list[int]:
+    """The channels CHANNEL_PLAN splits, per residual block of a `resnet18(width)`: each
+    block's inner width (two blocks per stage)."""
+    return [w for stage in (1, 2, 4, 8) for w in (stage * width,) * 2]
+
+
 def residual_stage(in_ch: int, out_ch: int, downsample: bool) -> nn.Sequential:
     stride = 2 if downsample else 1
     return nn.Sequential(Residual(in_ch, out_ch, stride), Residual(out_ch, out_ch))

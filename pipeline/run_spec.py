@@ -9,7 +9,7 @@ this one function, `resolve_run`, so the batch plan is built in one place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic
 
 import yaml
@@ -27,6 +27,8 @@ from pipeline.config import (
     flatten,
     to_yaml,
 )
+from pipeline.parallel_dims import ParallelDims
+from pipeline.resnet import split_channels
 from pipeline.strategies.base import OptionsT, StrategyFacts, StrategySpec
 
 
@@ -60,7 +62,14 @@ class RunSpec(Generic[OptionsT]):
     def job_plan(self, world_size: int, n_train: int) -> BatchPlan:
         """The batch plan of a job of `world_size` processes drawing from `n_train` samples
         (of a spec resolved without one: a prediction's, a benchmark's)."""
-        return self.plan.of_job(self.facts.data_parallel, world_size, self.name, n_train)
+        return self.plan.of_job(self.dims(world_size), self.name, n_train)
+
+    def dims(self, world_size: int) -> ParallelDims:
+        """How a job of `world_size` processes of this run splits the work; a UserError
+        where the model's channels do not split over its channel shards."""
+        dims = self.facts.mesh(self.options, world_size)
+        dims.check_channels(split_channels(self.model.width), f"{self.name} ({dims.describe()})")
+        return dims
 
 
 def resolve_run(cfg: Config, name: str, job: tuple[int, int] | None = None) -> RunSpec[Any]:
@@ -76,10 +85,7 @@ def resolve_run(cfg: Config, name: str, job: tuple[int, int] | None = None) -> R
     # --print-config prints it (pipeline/train.py strategy_config)
     params = strategies.own_params(flatten(cfg), name)
     own = strategies.own_params(yaml.safe_load(to_yaml(cfg)), name)
-    plan = BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum)
-    if job is not None:
-        plan = plan.of_job(strategy.facts.data_parallel, job[0], name, job[1])
-    return RunSpec(
+    spec = RunSpec(
         strategy=strategy,
         options=options,
         seed=cfg.seed,
@@ -89,7 +95,8 @@ def resolve_run(cfg: Config, name: str, job: tuple[int, int] | None = None) -> R
         checkpoint=cfg.checkpoint,
         report=cfg.report,
         mlflow=cfg.mlflow,
-        plan=plan,
+        plan=BatchPlan.make(cfg.train.batch_size, cfg.train.grad_accum),
         params=params,
         config_yaml=yaml.safe_dump(own, sort_keys=False),
     )
+    return spec if job is None else replace(spec, plan=spec.job_plan(*job))

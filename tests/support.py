@@ -462,7 +462,7 @@ def parallelize(spec: Any, model: Any, cfg: Any, ctx: Any) -> Any:
     autocast)."""
     from pipeline.numerics.precision import build_precision
 
-    world = ctx.world_size if spec.facts.data_parallel else 1
+    world = spec.facts.mesh(getattr(cfg, spec.facts.name), ctx.world_size).data
     autocast = build_precision(cfg.train.precision, ctx.device).autocast
     return spec.parallelize(
         model, getattr(cfg, spec.facts.name), batch_plan(cfg, world), ctx, autocast

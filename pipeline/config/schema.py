@@ -210,6 +210,34 @@ class PipelineParallelConfig:
 
 
 @dataclass
+class ChannelParallelConfig:
+    """`channel_parallel`: the notes' third scheme (通道并行): every rank sees the whole
+    micro-batch and holds 1/N of each residual block's inner channels."""
+
+    nproc: int = field(default=2, metadata=_min(1))
+    """Processes on CPU (on GPUs it is one process per device in `devices`); model.width must
+    be a multiple of it."""
+
+
+@dataclass
+class HybridConfig:
+    """`hybrid`: data and model parallelism composed on one device mesh (the notes'
+    数据+模型并行); the product of the dimensions is the number of processes (on GPUs, of
+    devices in `devices`)."""
+
+    data: int = field(default=2, metadata=_min(1))
+    """Data replicas, DDP between them: each trains data x shard-th of every micro-batch."""
+    shard: int = field(default=1, metadata=_min(1))
+    """Data shards, FSDP2 between them (parameters, gradients and optimizer state sharded);
+    with data > 1 too, HSDP: replicated across the data groups, sharded within."""
+    channel: int = field(default=2, metadata=_min(1))
+    """Channel shards inside every data rank, as channel_parallel; model.width must be a
+    multiple of it."""
+    sync_bn: bool = True
+    """Synchronise BatchNorm statistics over the data ranks (over the global micro-batch)."""
+
+
+@dataclass
 class CheckpointConfig:
     """`checkpoint`: saving and resuming training runs."""
 
@@ -353,6 +381,10 @@ class Config:
     """Options of the balanced_dp strategy."""
     pipeline_parallel: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
     """Options of the pipeline_parallel strategy."""
+    channel_parallel: ChannelParallelConfig = field(default_factory=ChannelParallelConfig)
+    """Options of the channel_parallel strategy."""
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+    """Options of the hybrid strategy."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and restarts."""
     dist: DistConfig = field(default_factory=DistConfig)

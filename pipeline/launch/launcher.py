@@ -133,7 +133,8 @@ def validate(name: str, cfg: Config) -> Job:
     spec = resolve_run(cfg, name)  # as each worker resolves its own (run_spec.py)
     nproc = spec.strategy.nproc(spec.options, spec.plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
-    check_job(spec.facts, topology, nproc, spec.plan)
+    check_job(spec.facts, topology, nproc, spec.plan, spec.options)
+    spec.dims(nproc * topology.min_nodes)  # the model's channels split over its shards
     check_rendezvous_port(topology)
     max_restarts = cfg.checkpoint.max_restarts
     return Job(name, nproc, gpus, topology, spec.plan, spec.data.limit_train, max_restarts)

@@ -165,10 +165,12 @@ def check_rendezvous_port(topology: Topology) -> None:
             ) from None
 
 
-def check_job(facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: BatchPlan) -> None:
-    """The strategy can span the nodes asked for, and a data-parallel strategy's batch splits
-    evenly at every world size the elastic range allows. `plan`: the batch as one process
-    trains it."""
+def check_job(
+    facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: BatchPlan, options: Any = None
+) -> None:
+    """The strategy can span the nodes asked for, and its batch splits evenly over its data
+    ranks at every world size the elastic range allows. `plan`: the batch as one process
+    trains it; `options`: the strategy's own section, which its mesh may read."""
     if topology.multi_node and not facts.spans_nodes:
         spanning = [n for n in strategies.NAMES if strategies.get(n).facts.spans_nodes]
         raise UserError(
@@ -179,7 +181,7 @@ def check_job(facts: StrategyFacts[Any], topology: Topology, nproc: int, plan: B
         who = facts.name
         if topology.multi_node:
             who += f" on {nodes} node(s) x {nproc} process(es)"
-        plan.of_job(facts.data_parallel, nodes * nproc, who)
+        plan.of_job(facts.mesh(options, nodes * nproc), who)
 
 
 def launch_settings(nproc: int, max_restarts: int, topology: Topology) -> dict[str, Any]:

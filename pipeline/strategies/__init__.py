@@ -19,7 +19,16 @@ if TYPE_CHECKING:
     from pipeline.strategies.base import StrategySpec
 
 # Adding a strategy: CONTRIBUTING.md ("Adding a strategy").
-NAMES = ("single", "dp", "balanced_dp", "ddp", "fsdp", "pipeline_parallel")
+NAMES = (
+    "single",
+    "dp",
+    "balanced_dp",
+    "ddp",
+    "fsdp",
+    "pipeline_parallel",
+    "channel_parallel",
+    "hybrid",
+)
 
 
 def check_names(names: Sequence[str], key: str = "strategies") -> None:

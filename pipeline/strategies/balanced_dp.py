@@ -41,6 +41,7 @@ from pipeline.strategies.base import (
     LoopForward,
     StrategyFacts,
     StrategySpec,
+    alone,
 )
 from pipeline.strategies.batch_split import balanced_split, nonempty_chunks
 from pipeline.strategies.dp import batchnorm_note, device_names, split_note
@@ -50,7 +51,7 @@ FACTS = StrategyFacts(
     name="balanced_dp",
     options=BalancedDpConfig,
     spans_nodes=False,
-    data_parallel=False,
+    mesh=alone,
     shaping_keys=("gpu0_bsz",),
 )
 

@@ -36,9 +36,11 @@ from typing import Any, Generic, Optional, TypeVar, Union
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.context import DistContext
+from pipeline.parallel_dims import ParallelDims
 
 Autocast = Callable[[], ContextManager[object]]
 Forward = Callable[[torch.Tensor], torch.Tensor]  # images -> logits
@@ -53,8 +55,10 @@ class StrategyFacts(Generic[OptionsT]):
     options: type[OptionsT]  # the dataclass of its params section (pipeline/config/schema.py)
     # its world is processes per node x nodes (else it runs on one node)
     spans_nodes: bool
-    # each rank trains a share of every micro-batch: the plan's data_world is the world size
-    data_parallel: bool
+    # how its job's processes split the work, given its section and the world size: the
+    # device mesh (pipeline/parallel_dims.py), whose data dimensions each train a share of
+    # every micro-batch (the plan's data_world)
+    mesh: Callable[[OptionsT, int], ParallelDims]
     # keys of its own section that change what a run computes, and so its identity
     # (pipeline/checkpoints/identity.py); the others only place the run (e.g. nproc: the
     # world size, which the identity holds anyway)
@@ -167,6 +171,25 @@ def writer_buffers(model: nn.Module, writer_rank: int = 0) -> Callable[[], None]
             dist.broadcast(buffer, src=writer_rank)
 
     return share
+
+
+def alone(options: object, world_size: int) -> ParallelDims:
+    """The mesh of a strategy that runs in one process (`StrategyFacts.mesh`)."""
+    return ParallelDims()
+
+
+def replicas(options: object, world_size: int) -> ParallelDims:
+    """Every rank a data replica (ddp)."""
+    return ParallelDims(replicate=world_size)
+
+
+def gathered_state(module: nn.Module) -> StateDict:
+    """The whole model's state_dict, its DTensors gathered (`full_tensor`: every rank must
+    take part), on the CPU: a `full_state_dict` where parameters are sharded."""
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        for k, v in module.state_dict().items()
+    }
 
 
 def gpu_count_or_nproc(n_gpus: int, cpu_nproc: int) -> int:

@@ -21,6 +21,7 @@ from pipeline.strategies.base import (
     StrategyFacts,
     StrategySpec,
     gpu_count_or_nproc,
+    replicas,
 )
 from pipeline.strategies.sync_batchnorm import batchnorm_synced, rank_batchnorm
 
@@ -28,7 +29,7 @@ FACTS = StrategyFacts(
     name="ddp",
     options=DdpConfig,
     spans_nodes=True,
-    data_parallel=True,
+    mesh=replicas,
     same_at_any_world_size=batchnorm_synced,
     shaping_keys=("sync_bn",),
 )

@@ -24,11 +24,17 @@ from torch import nn
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import DpConfig
 from pipeline.context import DistContext
-from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts, StrategySpec
+from pipeline.strategies.base import (
+    Autocast,
+    DataParallelRun,
+    StrategyFacts,
+    StrategySpec,
+    alone,
+)
 from pipeline.strategies.batch_split import dp_split
 from pipeline.strategies.replica_autocast import AutocastDataParallel
 
-FACTS = StrategyFacts(name="dp", options=DpConfig, spans_nodes=False, data_parallel=False)
+FACTS = StrategyFacts(name="dp", options=DpConfig, spans_nodes=False, mesh=alone)
 
 
 def nproc(options: DpConfig, plan: BatchPlan, n_gpus: int) -> int:

@@ -21,18 +21,18 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import FsdpConfig
 from pipeline.context import DistContext
+from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import RESIDUAL_STAGES
 from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
-    StateDict,
     StrategyFacts,
     StrategySpec,
+    gathered_state,
     gpu_count_or_nproc,
 )
 from pipeline.strategies.sync_batchnorm import batchnorm_synced, rank_batchnorm
@@ -41,7 +41,7 @@ FACTS = StrategyFacts(
     name="fsdp",
     options=FsdpConfig,
     spans_nodes=True,
-    data_parallel=True,
+    mesh=lambda options, world_size: ParallelDims(shard=world_size),
     same_at_any_world_size=batchnorm_synced,
     shaping_keys=("sync_bn", "mixed_precision"),
     # With its per-block all-gather/free hooks between graphs, reduce-overhead ran 24 s an
@@ -91,13 +91,6 @@ def parallelize(
         sharded.set_requires_gradient_sync(is_last)
         yield
 
-    def full_state_dict() -> StateDict:
-        # full_tensor() all-gathers each sharded parameter: every rank must take part
-        return {
-            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-            for k, v in model.state_dict().items()
-        }
-
     notes = list(batchnorm.notes)
     if options.mixed_precision != "none":
         notes.append(
@@ -112,7 +105,7 @@ def parallelize(
         devices=ctx.devices_of_ranks(),
         batch_split=[plan.per_rank] * ctx.world_size,
         reduce_grads_if=reduce_grads_if,
-        full_state_dict=full_state_dict,
+        full_state_dict=lambda: gathered_state(model),
         notes=tuple(notes),
         before_eval=batchnorm.before_eval,
         # the mesh holds its groups in a registry of its own (torch 2.14), and DTensor's

@@ -53,6 +53,7 @@ from torch.distributed.pipelining import (
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
+from pipeline.parallel_dims import ParallelDims
 from pipeline.errors import UserError
 from pipeline.resnet import BLOCKS, INPUT_SHAPE, block_flops
 from pipeline.strategies.base import (
@@ -69,7 +70,7 @@ FACTS = StrategyFacts(
     options=PipelineParallelConfig,
     # stage i is rank i of one node; more nodes would need a stage-to-node map
     spans_nodes=False,
-    data_parallel=False,
+    mesh=lambda options, world_size: ParallelDims(pipeline=world_size),
     shaping_keys=("stages", "microbatches", "schedule"),
     # never compiled (its schedule runs the stages itself), so nothing to replay
     cuda_graphs=False,

@@ -7,9 +7,15 @@ from torch import nn
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import SingleConfig
 from pipeline.context import DistContext
-from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts, StrategySpec
+from pipeline.strategies.base import (
+    Autocast,
+    DataParallelRun,
+    StrategyFacts,
+    StrategySpec,
+    alone,
+)
 
-FACTS = StrategyFacts(name="single", options=SingleConfig, spans_nodes=False, data_parallel=False)
+FACTS = StrategyFacts(name="single", options=SingleConfig, spans_nodes=False, mesh=alone)
 
 
 def nproc(options: SingleConfig, plan: BatchPlan, n_gpus: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,21 +31,24 @@ from pipeline.strategies.base import writer_buffers
 DIMS = (0, 2, 3)  # all but the channels
 
 
-def gathered(rows: torch.Tensor) -> torch.Tensor:
-    """Every rank's `rows`, stacked in rank order: shape (world, *rows.shape)."""
-    parts = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, rows.contiguous())
+Group = Optional[dist.ProcessGroup]  # None: the whole job
+
+
+def gathered(rows: torch.Tensor, group: Group = None) -> torch.Tensor:
+    """Every rank's `rows` in `group`, stacked in rank order: shape (ranks, *rows.shape)."""
+    parts = [torch.empty_like(rows) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, rows.contiguous(), group=group)
     return torch.stack(parts)
 
 
 def global_moments(
-    mean: torch.Tensor, m2: torch.Tensor, count: int
+    mean: torch.Tensor, m2: torch.Tensor, count: int, group: Group = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The global micro-batch's mean, biased variance and sample count from each rank's mean,
     centred sum of squares and count (Chan et al.'s parallel combination)."""
     channels = mean.numel()
     own = torch.cat([mean, m2, mean.new_tensor([float(count)])])
-    table = gathered(own)
+    table = gathered(own, group)
     means, m2s, counts = table[:, :channels], table[:, channels:-1], table[:, -1:]
     total = counts.sum()
     mean_all = (counts * means).sum(0) / total
@@ -56,19 +59,25 @@ def global_moments(
 class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+        ctx: FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        eps: float,
+        group: Group = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         # statistics at the parameters' precision where activations are lower (autocast)
         xs = x.to(torch.promote_types(x.dtype, weight.dtype))
         count = x.numel() // x.shape[1]
         own_mean = xs.sum(DIMS) / max(count, 1)  # a rank with no samples adds nothing
         own_m2 = ((xs - own_mean[None, :, None, None]) ** 2).sum(DIMS)
-        mean, var, total = global_moments(own_mean, own_m2, count)
+        mean, var, total = global_moments(own_mean, own_m2, count, group)
         invstd = torch.rsqrt(var + eps)
         x_hat = (xs - mean[None, :, None, None]) * invstd[None, :, None, None]
         ctx.save_for_backward(x_hat, weight, invstd, total)
         ctx.mark_non_differentiable(mean, var, total)
         ctx.x_dtype = x.dtype  # type: ignore[attr-defined]
+        ctx.group = group  # type: ignore[attr-defined]
         y = x_hat * weight[None, :, None, None] + bias[None, :, None, None]
         return y, mean, var, total
 
@@ -78,35 +87,64 @@ class _SyncBatchNorm(torch.autograd.Function):
         dy = dy.to(x_hat.dtype)
         sum_dy = dy.sum(DIMS)
         sum_dy_x_hat = (dy * x_hat).sum(DIMS)
-        both = gathered(torch.cat([sum_dy, sum_dy_x_hat])).sum(0) / total
+        both = gathered(torch.cat([sum_dy, sum_dy_x_hat]), ctx.group).sum(0) / total
         mean_dy, mean_dy_x_hat = both.chunk(2)
         scale = (weight * invstd)[None, :, None, None]
         grad_x = scale * (
             dy - mean_dy[None, :, None, None] - x_hat * mean_dy_x_hat[None, :, None, None]
         )
-        return grad_x.to(ctx.x_dtype), sum_dy_x_hat, sum_dy, None
+        return grad_x.to(ctx.x_dtype), sum_dy_x_hat, sum_dy, None, None
+
+
+@dataclass(frozen=True)
+class BatchNormState:
+    """A BatchNorm layer's tensors as one rank holds them (a channel shard's own, where the
+    layer is split), for `synced_batch_norm`."""
+
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    running_mean: torch.Tensor | None  # updated in place
+    running_var: torch.Tensor | None
+    num_batches_tracked: torch.Tensor | None
+    momentum: float | None
+    eps: float
+
+
+def synced_batch_norm(x: torch.Tensor, bn: BatchNormState, group: Group = None) -> torch.Tensor:
+    """Training-mode BatchNorm over `group`'s ranks' samples together (nn.SyncBatchNorm's
+    result), with the running statistics updated as nn.BatchNorm2d updates them."""
+    # the affine-free layer normalises alone: a weight of 1 and a bias of 0
+    weight = bn.weight if bn.weight is not None else x.new_ones(x.shape[1])
+    bias = bn.bias if bn.bias is not None else x.new_zeros(x.shape[1])
+    y, mean, var, total = _SyncBatchNorm.apply(x, weight, bias, bn.eps, group)
+    if bn.running_mean is not None and bn.running_var is not None:
+        with torch.no_grad():
+            tracked = bn.num_batches_tracked
+            assert tracked is not None  # kept whenever running statistics are
+            tracked.add_(1)
+            # nn.BatchNorm2d's rule: momentum None means a cumulative average
+            factor = 1.0 / float(tracked) if bn.momentum is None else bn.momentum
+            unbiased = var * total / (total - 1).clamp(min=1)
+            bn.running_mean.lerp_(mean.to(bn.running_mean.dtype), factor)
+            bn.running_var.lerp_(unbiased.to(bn.running_var.dtype), factor)
+    output: torch.Tensor = y  # autograd.Function.apply is untyped
+    return output
 
 
 class GlooSyncBatchNorm(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or not dist.is_initialized() or dist.get_world_size() == 1:
             return super().forward(x)
-        # the affine-free layer normalises alone: a weight of 1 and a bias of 0
-        weight = self.weight if self.weight is not None else x.new_ones(x.shape[1])
-        bias = self.bias if self.bias is not None else x.new_zeros(x.shape[1])
-        y, mean, var, total = _SyncBatchNorm.apply(x, weight, bias, self.eps)
-        if self.running_mean is not None and self.running_var is not None:
-            with torch.no_grad():
-                tracked = self.num_batches_tracked
-                assert tracked is not None  # kept whenever running statistics are
-                tracked.add_(1)
-                # nn.BatchNorm2d's rule: momentum None means a cumulative average
-                factor = 1.0 / float(tracked) if self.momentum is None else self.momentum
-                unbiased = var * total / (total - 1).clamp(min=1)
-                self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
-                self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
-        output: torch.Tensor = y  # autograd.Function.apply is untyped
-        return output
+        state = BatchNormState(
+            self.weight,
+            self.bias,
+            self.running_mean,
+            self.running_var,
+            self.num_batches_tracked,
+            self.momentum,
+            self.eps,
+        )
+        return synced_batch_norm(x, state)
 
 
 def convert_sync_batchnorm(model: nn.Sequential, on_cuda: bool) -> nn.Sequential:

@@ -6,6 +6,7 @@ import itertools
 import pytest
 
 from pipeline.batch_plan import BatchPlan
+from pipeline.parallel_dims import ParallelDims
 from pipeline.errors import UserError
 
 BATCHES, ACCUMS, WORLDS = range(1, 25), range(1, 7), range(1, 7)
@@ -39,15 +40,33 @@ def test_over_splits_each_micro_batch_evenly_or_refuses():
         assert ranks == (list(range(world)) if world > 1 else [0])
 
 
-def test_of_job_shares_only_for_a_data_parallel_strategy():
+def test_of_job_shares_only_over_the_data_dimensions():
     plan = BatchPlan.make(12, 2)
     for world in WORLDS:
-        assert plan.of_job(False, world, "pipeline_parallel") == plan  # any world: unsplit
+        # any world of model ranks alone: unsplit
+        assert plan.of_job(ParallelDims(pipeline=world), "pipeline_parallel") == plan
+        assert plan.of_job(ParallelDims(channel=world), "channel_parallel") == plan
         if 6 % world == 0:
-            assert plan.of_job(True, world, "ddp") == plan.over(world, "ddp")
+            assert plan.of_job(ParallelDims(replicate=world), "ddp") == plan.over(world, "ddp")
         else:
             with pytest.raises(UserError):
-                plan.of_job(True, world, "ddp")
+                plan.of_job(ParallelDims(replicate=world), "ddp")
+
+
+def test_a_mesh_shares_each_micro_batch_over_its_data_ranks_alone():
+    """data x channel: the channel shards of one data rank train the same share, the next
+    data rank the next one (ParallelDims puts channel innermost)."""
+    plan = BatchPlan.make(24, 1)
+    for dims in (
+        ParallelDims(replicate=2, channel=2),
+        ParallelDims(shard=3, channel=2),
+        ParallelDims(replicate=2, shard=2, channel=3),
+    ):
+        shared = plan.of_job(dims, "hybrid")
+        assert shared.data_world == dims.data and shared.per_rank * dims.data == 24
+        ranks = [shared.data_rank(r) for r in range(dims.world)]
+        assert ranks == [dims.data_rank(r) for r in range(dims.world)]
+        assert ranks == [r // dims.channel for r in range(dims.world)]
 
 
 def test_steps_drop_the_last_partial_batch_and_samples_count_what_ran():

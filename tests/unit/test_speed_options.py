@@ -40,7 +40,7 @@ from pipeline.numerics.precision import (
 )
 from pipeline.numerics.torch_compile import compile_forward
 from pipeline.resnet import build_model
-from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts
+from pipeline.strategies.base import DataParallelRun, PipelinedRun, Run, StrategyFacts, alone
 from support import write_raw
 
 CPU = torch.device("cpu")
@@ -377,7 +377,7 @@ def test_plain_precision_steps_like_backward_and_step():
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
-FACTS = StrategyFacts(name="test", options=object, spans_nodes=False, data_parallel=False)
+FACTS = StrategyFacts(name="test", options=object, spans_nodes=False, mesh=alone)
 
 
 def plain_parallel(model: nn.Module, pipelined: bool = False) -> Run:

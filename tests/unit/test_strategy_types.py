@@ -16,16 +16,22 @@ SNIPPET = textwrap.dedent(
     from pipeline.batch_plan import BatchPlan
     from pipeline.config import DdpConfig, FsdpConfig
     from pipeline.context import DistContext
-    from pipeline.strategies.base import Autocast, DataParallelRun, StrategyFacts, StrategySpec
+    from pipeline.strategies.base import (
+        Autocast,
+        DataParallelRun,
+        StrategyFacts,
+        StrategySpec,
+        replicas,
+    )
 
     DDP = StrategyFacts(
         name="ddp",
         options=DdpConfig,
         spans_nodes=True,
-        data_parallel=True,
+        mesh=replicas,
         same_at_any_world_size=lambda options: options.sync_bn,
     )
-    FSDP = StrategyFacts(name="fsdp", options=FsdpConfig, spans_nodes=True, data_parallel=True)
+    FSDP = StrategyFacts(name="fsdp", options=FsdpConfig, spans_nodes=True, mesh=replicas)
 
     def nproc(options: DdpConfig, plan: BatchPlan, n_gpus: int) -> int:
         return options.nproc
@@ -56,7 +62,7 @@ SNIPPET = textwrap.dedent(
         name="ddp",
         options=DdpConfig,
         spans_nodes=True,
-        data_parallel=True,
+        mesh=replicas,
         same_at_any_world_size=lambda options: options.sync_batchnorm,  # error: no such key
     )
     """

@@ -1,0 +1,175 @@
+"""A job's device mesh (pipeline/parallel_dims.py) applied to the plain model, one small
+function per dimension, in a fixed order: channel first (it changes the layers), then the data
+dimensions over what is left, FSDP2 where they shard, else replicas. Used by channel_parallel
+and hybrid; ddp and fsdp are these same dimensions alone, in modules of their own.
+
+Data replicas around channel shards reduce their gradients after the step's last backward,
+bucketed into one all-reduce over the data group: DDP's reducer cannot take the DTensor
+parameters the channel shards hold, so this does not overlap the backward as DDP's does (the
+prediction measures and models it as blocking).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from pipeline.batch_plan import BatchPlan
+from pipeline.context import DistContext
+from pipeline.parallel_dims import ParallelDims
+from pipeline.resnet import CHANNEL_PLAN, INPUT_SHAPE, RESIDUAL_STAGES, residual_blocks
+from pipeline.strategies.base import DataParallelRun, gathered_state
+from pipeline.strategies.channel_split import local, split_bytes, split_channels
+from pipeline.strategies.sync_batchnorm import Group, convert_sync_batchnorm
+
+def data_group(dims: ParallelDims) -> Group:
+    """This rank's group of data ranks (those that share its model coordinates); every rank
+    makes every group, as dist.new_group requires. None where the data ranks are the whole
+    job (torch's default group serves) or there is one."""
+    if dims.data == 1 or dims.data == dims.world:
+        return None
+    subgroup, _ = dist.new_subgroups_by_enumeration(dims.group_ranks("replicate", "shard"))
+    return cast(dist.ProcessGroup, subgroup)
+
+
+def channel_plan(model: nn.Sequential) -> dict[nn.Module, str]:
+    """resnet.CHANNEL_PLAN, layer by layer of this model."""
+    return {
+        getattr(block, layer): how
+        for block in residual_blocks(model)
+        for layer, how in CHANNEL_PLAN.items()
+    }
+
+
+def apply_channel(model: nn.Sequential, mesh: DeviceMesh, synced_over: Group) -> list[str]:
+    """Split every residual block's inner channels over `mesh` (1-D); `synced_over`: the data
+    ranks every BatchNorm is synchronised over, or None. -> its notes: what is split, and
+    what its collectives move (reckoned from the plan before the split)."""
+    plan = channel_plan(model)
+    moved = traffic_note(model, plan, mesh.size())
+    split_channels(model, plan, mesh, synced_over)
+    return [
+        f"channel: {mesh.size()} shards of every residual block's inner channels (conv1 and "
+        "bn1 by output channels, conv2 by input channels); stem, shortcut, bn2, head "
+        "replicated",
+        moved,
+    ]
+
+
+def traffic_note(model: nn.Sequential, plan: dict[nn.Module, str], n: int) -> str:
+    """What each rank's channel collectives move per sample of a micro-batch (f's gradients
+    and g's outputs, all-reduced, blocking), from the plan and the plain model's activation
+    shapes: the same bytes the code sends (tests/unit/test_mesh_plan.py counts both)."""
+    param = next(model.parameters())
+    example = torch.zeros(1, *INPUT_SHAPE, dtype=param.dtype, device=param.device)
+    sizes = split_bytes(model, plan, example)
+    return (
+        f"channel: {len(sizes)} all-reduces per forward and backward over {n} shards, "
+        f"{sum(size for _, size in sizes) / 1024:.1f} KiB of activations per sample, blocking"
+    )
+
+
+def apply_fsdp(model: nn.Sequential, mesh: DeviceMesh) -> FSDPModule:
+    """FSDP2 over the data shards (a 2-D mesh: HSDP), each residual stage a unit, then the
+    root, as fsdp.py shards."""
+    for index in RESIDUAL_STAGES:
+        fully_shard(model[index], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return cast(FSDPModule, model)
+
+
+def replica_reduction(model: nn.Module, group: Group, replicas: int) -> Iterator[None]:
+    """After the last micro-step's backward, every gradient averaged over the data replicas
+    in one bucket (its own shard of a channel-split one)."""
+    yield
+    grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= replicas
+    for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(reduced)
+
+
+def apply_mesh(
+    model: nn.Sequential, dims: ParallelDims, plan: BatchPlan, ctx: DistContext, sync_bn: bool
+) -> DataParallelRun:
+    """The run of `dims` over this job: channel shards, then FSDP2 over the data shards or
+    replicas reducing after the backward. `sync_bn`: BatchNorm over the data ranks' samples."""
+    if dims.pipeline > 1:
+        raise ValueError("apply_mesh: pipeline stages are pipeline_parallel's")
+    mesh = dims.mesh(ctx.device.type)
+    group = data_group(dims)
+    notes: list[str] = []
+    before_eval = writer_buffers_within(model, group) if not sync_bn and dims.data > 1 else None
+    if dims.channel > 1:
+        notes += apply_channel(model, mesh["channel"], group if sync_bn and dims.data > 1 else None)
+    elif sync_bn and dims.data > 1:
+        model = convert_sync_batchnorm(model, ctx.on_cuda)
+    if dims.shard > 1:
+        names = tuple(n for n in ("replicate", "shard") if getattr(dims, n) > 1)
+        sharded = apply_fsdp(model, mesh[names])
+        reduce_grads_if = fsdp_sync(sharded)
+    elif dims.replicate > 1:
+        reduce_grads_if = replicated_sync(model, group, dims.replicate)
+    else:
+        reduce_grads_if = no_sync_needed
+    return DataParallelRun(
+        module=model,
+        forward=model,
+        writer=ctx.is_main,
+        devices=ctx.devices_of_ranks(),
+        batch_split=[plan.per_rank] * ctx.world_size,
+        reduce_grads_if=reduce_grads_if,
+        full_state_dict=lambda: gathered_state(model),
+        before_eval=before_eval or (lambda: None),
+        notes=(f"mesh: {dims.describe()}", *notes),
+        # the mesh holds its groups in a registry of its own (torch 2.14), and DTensor's
+        # sharding caches hold the mesh for the life of the process
+        release=mesh._pg_registry.clear,
+    )
+
+
+def writer_buffers_within(model: nn.Module, group: Group) -> Callable[[], None]:
+    """Without sync_bn: before each evaluation, every data rank takes the BatchNorm statistics
+    of its group's first rank (its own channel shard of them), which model.pt holds."""
+    first = 0 if group is None else dist.get_global_rank(group, 0)
+
+    def share() -> None:
+        for buffer in model.buffers():
+            dist.broadcast(local(buffer), src=first, group=group)  # type: ignore[arg-type]
+
+    return share
+
+
+@contextmanager
+def no_sync_needed(is_last: bool) -> Iterator[None]:
+    yield
+
+
+def replicated_sync(model: nn.Module, group: Group, replicas: int):  # type: ignore[no-untyped-def]
+    @contextmanager
+    def reduce_grads_if(is_last: bool) -> Iterator[None]:
+        if is_last:
+            yield from replica_reduction(model, group, replicas)
+        else:
+            yield
+
+    return reduce_grads_if
+
+
+def fsdp_sync(sharded: FSDPModule):  # type: ignore[no-untyped-def]
+    @contextmanager
+    def reduce_grads_if(is_last: bool) -> Iterator[None]:
+        sharded.set_requires_gradient_sync(is_last)
+        yield
+
+    return reduce_grads_if
+

@@ -1,0 +1,1 @@
+../../pipeline/strategies/mesh_plan.py

@@ -1,0 +1,1 @@
+../../pipeline/strategies/channel_split.py

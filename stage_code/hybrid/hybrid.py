@@ -1,0 +1,1 @@
+../../pipeline/strategies/hybrid.py

@@ -1,0 +1,1 @@
+../../pipeline/parallel_dims.py

@@ -1,0 +1,95 @@
+"""The device mesh's arithmetic (pipeline/parallel_dims.py), exhaustively over small meshes:
+coordinates, data shares, groups and the refusals, without processes."""
+
+import itertools
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.parallel_dims import DIMENSIONS, ParallelDims, factorizations
+from pipeline.resnet import split_channels
+
+SIZES = (1, 2, 3)
+MESHES = [ParallelDims(*sizes) for sizes in itertools.product(SIZES, repeat=len(DIMENSIONS))]
+
+
+@pytest.mark.parametrize("dims", MESHES, ids=lambda d: d.describe())
+def test_every_rank_has_one_place_and_channel_is_innermost(dims):
+    seen = set()
+    for rank in range(dims.world):
+        c = dims.coords(rank)
+        assert all(0 <= c[n] < getattr(dims, n) for n in DIMENSIONS)
+        # row-major with channel fastest: the layout DeviceMesh gives an arange of ranks
+        rebuilt = 0
+        for n in DIMENSIONS:
+            rebuilt = rebuilt * getattr(dims, n) + c[n]
+        assert rebuilt == rank
+        seen.add(tuple(c.values()))
+    assert len(seen) == dims.world
+
+
+@pytest.mark.parametrize("dims", MESHES, ids=lambda d: d.describe())
+def test_data_ranks_share_each_micro_batch_and_model_ranks_share_a_share(dims):
+    shares = [dims.data_rank(r) for r in range(dims.world)]
+    assert sorted(set(shares)) == list(range(dims.data))
+    # every share is trained by the model ranks (pipeline x channel) of one data rank
+    assert all(shares.count(s) == dims.model for s in range(dims.data))
+    assert shares == [r // dims.model for r in range(dims.world)]
+
+
+@pytest.mark.parametrize("dims", MESHES, ids=lambda d: d.describe())
+def test_groups_partition_the_ranks_along_their_dimensions(dims):
+    for names in [(n,) for n in DIMENSIONS] + [("replicate", "shard")]:
+        groups = dims.group_ranks(*names)
+        size = 1
+        for n in names:
+            size *= getattr(dims, n)
+        assert all(len(g) == size and g == sorted(g) for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(dims.world))
+        for group in groups:  # the members differ in the named dimensions alone
+            others = {tuple(v for k, v in dims.coords(r).items() if k not in names) for r in group}
+            assert len(others) == 1
+
+
+def test_a_mesh_of_another_size_than_the_job_is_refused_naming_the_key():
+    dims = ParallelDims(replicate=2, channel=2)
+    dims.check_world(4, "hybrid")
+    with pytest.raises(UserError, match=r"^hybrid: replicate 2 x channel 2 is 4 process\(es\), but the job has 6"):
+        dims.check_world(6, "hybrid")
+
+
+@pytest.mark.parametrize("width", range(1, 17))
+@pytest.mark.parametrize("channel", SIZES)
+def test_channels_must_divide_every_split_layer(width, channel):
+    dims = ParallelDims(channel=channel)
+    if width % channel:
+        with pytest.raises(UserError, match=rf"expected model.width a multiple of {channel}$"):
+            dims.check_channels(split_channels(width), "channel_parallel")
+    else:
+        dims.check_channels(split_channels(width), "channel_parallel")
+
+
+def test_split_channels_are_each_residual_blocks_inner_width():
+    assert split_channels(8) == [8, 8, 16, 16, 32, 32, 64, 64]
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_factorizations_are_every_two_dimensional_layout(n):
+    layouts = factorizations(n, ("replicate", "channel"))
+    assert all(d.world == n and d.replicate >= 2 and d.channel >= 2 for d in layouts)
+    expected = [(a, n // a) for a in range(2, n) if n % a == 0 and n // a >= 2]
+    assert [(d.replicate, d.channel) for d in layouts] == expected
+    assert [(d.replicate, d.channel) for d in factorizations(8, ("replicate", "channel"))] == [
+        (2, 4),
+        (4, 2),
+    ]
+
+
+def test_a_dimension_below_one_is_refused():
+    with pytest.raises(ValueError, match="ParallelDims.channel: got 0"):
+        ParallelDims(channel=0)
+
+
+def test_describe_names_the_dimensions_that_split():
+    assert ParallelDims().describe() == "1 rank"
+    assert ParallelDims(shard=2, channel=4).describe() == "shard 2 x channel 4"
