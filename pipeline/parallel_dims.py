@@ -132,8 +132,4 @@ def factorizations(n: int, dims: tuple[str, str]) -> list[ParallelDims]:
     """Every way to lay n ranks on two dimensions, each of at least 2 (8: 2x4, 4x2), outer
     first: what a prediction of a hybrid at n devices compares."""
     outer, inner = dims
-    return [
-        ParallelDims(**{outer: a, inner: n // a})
-        for a in range(2, n // 2 + 1)
-        if n % a == 0
-    ]
+    return [ParallelDims(**{outer: a, inner: n // a}) for a in range(2, n // 2 + 1) if n % a == 0]

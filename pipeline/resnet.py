@@ -51,7 +51,12 @@ CHANNEL_PLAN = {"conv1": "colwise", "bn1": "colwise", "conv2": "rowwise"}
 
 def residual_blocks(model: nn.Sequential) -> list[Residual]:
     """The residual blocks of `resnet18`, in order: where CHANNEL_PLAN applies."""
-    return [block for stage in RESIDUAL_STAGES for block in model[stage] if isinstance(block, Residual)]
+    return [
+        block
+        for stage in RESIDUAL_STAGES
+        for block in model[stage].children()
+        if isinstance(block, Residual)
+    ]
 
 
 def split_channels(width: int) -> list[int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any, Optional, overload
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,10 @@ from pipeline.strategies.sync_batchnorm import BatchNormState, Group, synced_bat
 COLWISE, ROWWISE, REPLICATE = "colwise", "rowwise", "replicate"
 
 
+@overload
+def local(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def local(t: None) -> None: ...
 def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """A parameter's or buffer's own shard (a plain tensor as it is)."""
     return t.to_local() if isinstance(t, DTensor) else t
@@ -91,16 +95,18 @@ def conv_forward(conv: nn.Conv2d, how: str, group: Group) -> Callable[[torch.Ten
         if how == COLWISE:
             x = copy_to_shards(x, group)
         if how != ROWWISE:
-            return weight_bias(x, local(conv.weight), local(conv.bias))  # type: ignore[arg-type]
-        partial = weight_bias(x, local(conv.weight), None)  # type: ignore[arg-type]
-        y = sum_over_shards(partial, group)
+            out: torch.Tensor = weight_bias(x, local(conv.weight), local(conv.bias))
+            return out
+        y = sum_over_shards(weight_bias(x, local(conv.weight), None), group)
         bias = local(conv.bias)
         return y if bias is None else y + bias.view(1, -1, 1, 1)
 
     return forward
 
 
-def batch_norm_forward(bn: nn.BatchNorm2d, data_group: Group) -> Callable[[torch.Tensor], torch.Tensor]:
+def batch_norm_forward(
+    bn: nn.BatchNorm2d, data_group: Group
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """nn.BatchNorm2d's forward on its local tensors; in training, over the data ranks'
     samples together where `data_group` is given."""
 
@@ -139,7 +145,7 @@ def batch_norm_forward(bn: nn.BatchNorm2d, data_group: Group) -> Callable[[torch
 
 def linear_forward(linear: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, local(linear.weight), local(linear.bias))  # type: ignore[arg-type]
+        return F.linear(x, local(linear.weight), local(linear.bias))
 
     return forward
 
@@ -150,7 +156,7 @@ def placements(module: nn.Module, how: str) -> dict[str, Placement]:
     the rest replicated; a replicated layer's buffers stay plain tensors (alike on every
     rank), as do the counters (num_batches_tracked)."""
     out: dict[str, Placement] = {}
-    for name, p in module.named_parameters(recurse=False):
+    for name, _ in module.named_parameters(recurse=False):
         if how == COLWISE:
             out[name] = Shard(0)
         elif how == ROWWISE and name == "weight":
@@ -174,11 +180,11 @@ def distribute(t: torch.Tensor, mesh: DeviceMesh, placement: Placement) -> DTens
 def forward_on_local(module: nn.Module, how: str, group: Group, data_group: Group) -> None:
     """Give a layer that holds tensors its forward on its local tensors."""
     if isinstance(module, nn.Conv2d):
-        module.forward = conv_forward(module, how, group)  # type: ignore[method-assign]
+        module.forward = conv_forward(module, how, group)  # type: ignore[method-assign,assignment]
     elif isinstance(module, nn.BatchNorm2d):
-        module.forward = batch_norm_forward(module, data_group)  # type: ignore[method-assign]
+        module.forward = batch_norm_forward(module, data_group)  # type: ignore[method-assign,assignment]
     elif isinstance(module, nn.Linear) and how == REPLICATE:
-        module.forward = linear_forward(module)  # type: ignore[method-assign]
+        module.forward = linear_forward(module)  # type: ignore[method-assign,assignment]
     else:
         raise TypeError(f"channel parallelism cannot split a {type(module).__name__} ({how})")
 

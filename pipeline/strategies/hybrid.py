@@ -62,7 +62,11 @@ def nproc(options: HybridConfig, plan: BatchPlan, n_gpus: int) -> int:
 
 
 def parallelize(
-    model: nn.Sequential, options: HybridConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
+    model: nn.Sequential,
+    options: HybridConfig,
+    plan: BatchPlan,
+    ctx: DistContext,
+    autocast: Autocast,
 ) -> DataParallelRun:
     return apply_mesh(model, dims_of(options), plan, ctx, sync_bn=options.sync_bn)
 

@@ -12,7 +12,7 @@ prediction measures and models it as blocking).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import cast
 
 import torch
@@ -29,6 +29,11 @@ from pipeline.resnet import CHANNEL_PLAN, INPUT_SHAPE, RESIDUAL_STAGES, residual
 from pipeline.strategies.base import DataParallelRun, gathered_state
 from pipeline.strategies.channel_split import local, split_bytes, split_channels
 from pipeline.strategies.sync_batchnorm import Group, convert_sync_batchnorm
+
+# a DataParallelRun's reduce_grads_if: the context of a micro-step's backward, given whether it
+# is the step's last
+ReduceGradsIf = Callable[[bool], AbstractContextManager[None]]
+
 
 def data_group(dims: ParallelDims) -> Group:
     """This rank's group of data ranks (those that share its model coordinates); every rank
@@ -144,7 +149,7 @@ def writer_buffers_within(model: nn.Module, group: Group) -> Callable[[], None]:
 
     def share() -> None:
         for buffer in model.buffers():
-            dist.broadcast(local(buffer), src=first, group=group)  # type: ignore[arg-type]
+            dist.broadcast(local(buffer), src=first, group=group)
 
     return share
 
@@ -154,7 +159,7 @@ def no_sync_needed(is_last: bool) -> Iterator[None]:
     yield
 
 
-def replicated_sync(model: nn.Module, group: Group, replicas: int):  # type: ignore[no-untyped-def]
+def replicated_sync(model: nn.Module, group: Group, replicas: int) -> ReduceGradsIf:
     @contextmanager
     def reduce_grads_if(is_last: bool) -> Iterator[None]:
         if is_last:
@@ -165,11 +170,10 @@ def replicated_sync(model: nn.Module, group: Group, replicas: int):  # type: ign
     return reduce_grads_if
 
 
-def fsdp_sync(sharded: FSDPModule):  # type: ignore[no-untyped-def]
+def fsdp_sync(sharded: FSDPModule) -> ReduceGradsIf:
     @contextmanager
     def reduce_grads_if(is_last: bool) -> Iterator[None]:
         sharded.set_requires_gradient_sync(is_last)
         yield
 
     return reduce_grads_if
-

@@ -53,8 +53,8 @@ from torch.distributed.pipelining import (
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import PipelineParallelConfig
 from pipeline.context import DistContext
-from pipeline.parallel_dims import ParallelDims
 from pipeline.errors import UserError
+from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import BLOCKS, INPUT_SHAPE, block_flops
 from pipeline.strategies.base import (
     Autocast,

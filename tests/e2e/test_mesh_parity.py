@@ -132,7 +132,9 @@ RESUMES = [
 
 
 @pytest.mark.parametrize(
-    "name, saved_by, resumed_by, before, after", RESUMES, ids=["channel_4_to_2", "hybrid_2x2_to_1x4"]
+    "name, saved_by, resumed_by, before, after",
+    RESUMES,
+    ids=["channel_4_to_2", "hybrid_2x2_to_1x4"],
 )
 def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before, after):
     """With SGD momentum (optimizer state to reshard), 3 epochs of 3 steps in fp64; the

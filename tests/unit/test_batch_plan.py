@@ -6,8 +6,8 @@ import itertools
 import pytest
 
 from pipeline.batch_plan import BatchPlan
-from pipeline.parallel_dims import ParallelDims
 from pipeline.errors import UserError
+from pipeline.parallel_dims import ParallelDims
 
 BATCHES, ACCUMS, WORLDS = range(1, 25), range(1, 7), range(1, 7)
 

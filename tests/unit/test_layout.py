@@ -207,7 +207,8 @@ def test_an_edit_to_a_strategys_module_re_runs_the_stages_that_import_it():
     }
     assert users == {
         "pipeline/strategies/fsdp.py": ["fsdp"],
-        "pipeline/strategies/sync_batchnorm.py": ["ddp", "fsdp"],
+        # ddp's and fsdp's sync_bn; the mesh's BatchNorm over its data ranks
+        "pipeline/strategies/sync_batchnorm.py": ["channel_parallel", "ddp", "fsdp", "hybrid"],
         "pipeline/strategies/dp.py": ["balanced_dp", "dp"],  # balanced_dp imports its notes
         "pipeline/strategies/gpu0_autotune.py": ["balanced_dp"],
         "pipeline/strategies/base.py": sorted(strategies.NAMES),
@@ -307,7 +308,8 @@ def test_every_command_has_help(command):
 LAYERS = [
     {"config"},
     {"errors"},
-    {"context", "batch_plan", "memory", "core_wait", "files", "locks", "results", "timeline"}
+    {"context", "parallel_dims", "batch_plan", "memory", "core_wait", "files", "locks"}
+    | {"results", "timeline"}
     | {"did_not_fit", "interrupts"},
     {"data", "resnet"},
     {"strategies", "run_spec"},

@@ -54,7 +54,9 @@ def test_groups_partition_the_ranks_along_their_dimensions(dims):
 def test_a_mesh_of_another_size_than_the_job_is_refused_naming_the_key():
     dims = ParallelDims(replicate=2, channel=2)
     dims.check_world(4, "hybrid")
-    with pytest.raises(UserError, match=r"^hybrid: replicate 2 x channel 2 is 4 process\(es\), but the job has 6"):
+    with pytest.raises(
+        UserError, match=r"^hybrid: replicate 2 x channel 2 is 4 process\(es\), but the job has 6"
+    ):
         dims.check_world(6, "hybrid")
 
 
