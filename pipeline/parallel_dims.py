@@ -100,14 +100,6 @@ class ParallelDims:
             groups.setdefault(key, []).append(rank)
         return list(groups.values())
 
-    def check_world(self, world_size: int, key: str) -> None:
-        """The mesh covers exactly the job's processes; a UserError names `key`."""
-        if self.world != world_size:
-            raise UserError(
-                f"{key}: {self.describe()} is {self.world} process(es), but the job has "
-                f"{world_size}; expected a product of {world_size}"
-            )
-
     def check_channels(self, widths: list[int], key: str) -> None:
         """Every split layer's channels divide over the channel shards."""
         bad = [w for w in widths if w % self.channel]
@@ -128,8 +120,16 @@ class ParallelDims:
         return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
-def factorizations(n: int, dims: tuple[str, str]) -> list[ParallelDims]:
-    """Every way to lay n ranks on two dimensions, each of at least 2 (8: 2x4, 4x2), outer
-    first: what a prediction of a hybrid at n devices compares."""
-    outer, inner = dims
-    return [ParallelDims(**{outer: a, inner: n // a}) for a in range(2, n // 2 + 1) if n % a == 0]
+def factorizations(n: int, names: tuple[str, ...]) -> list[ParallelDims]:
+    """Every way to lay n ranks on the dimensions `names`, outer first, each of them alone at
+    the ends (8 on two: 1x8, 2x4, 4x2, 8x1): what a prediction of a hybrid at n devices
+    compares."""
+    if not names:
+        return [ParallelDims()] if n == 1 else []
+    first, rest = names[0], names[1:]
+    return [
+        ParallelDims(**{first: a, **{k: getattr(inner, k) for k in rest}})
+        for a in range(1, n + 1)
+        if n % a == 0
+        for inner in factorizations(n // a, rest)
+    ]

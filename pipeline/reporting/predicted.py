@@ -101,12 +101,15 @@ def combine(docs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     )
     by_devices: dict[str, dict[str, Any]] = {}
     for name, doc in docs.items():
-        for n, row in doc.get("by_devices", {}).items():
-            row = {**row, "band": doc["band"], "checked": doc["checked"]}
-            if baseline is not None and "predicted_step_s" in row:
-                row["predicted_speedup"] = baseline / row["predicted_step_s"]
-                row["predicted_efficiency"] = row["predicted_speedup"] / row["devices_used"]
-            by_devices.setdefault(n, {})[name] = row
+        for n, each in doc.get("by_devices", {}).items():
+            # a hybrid's layouts of n devices, a row each, named by its layout
+            laid_out = {f"{name} ({k})": r for k, r in each.get("layouts", {}).items()}
+            for label, row in (laid_out or {name: each}).items():
+                row = {**row, "strategy": label, "band": doc["band"], "checked": doc["checked"]}
+                if baseline is not None and "predicted_step_s" in row:
+                    row["predicted_speedup"] = baseline / row["predicted_step_s"]
+                    row["predicted_efficiency"] = row["predicted_speedup"] / row["devices_used"]
+                by_devices.setdefault(n, {})[label] = row
     return {
         **{k: first[k] for k in ("measured_on", "device", "link", "settings", "leaves_out")},
         "single_step_s": baseline,
@@ -134,8 +137,40 @@ def headline(predicted: dict[str, Any]) -> str:
     )
 
 
-def footer(predicted: dict[str, Any]) -> list[str]:
+def layout_picks(predicted: dict[str, Any]) -> list[str]:
+    """Per N, each laid-out strategy's best layout by predicted time and by predicted peak
+    memory per device, with the band it is shown with: a hybrid's factorization to take."""
     lines = []
+    for n, by_name in predicted["by_devices"].items():
+        laid: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for label, row in by_name.items():
+            name, _, layout = label.partition(" (")
+            if layout and "not_predicted" not in row:
+                laid.setdefault(name, []).append((layout.rstrip(")"), row))
+        for name, rows in laid.items():
+            timed = [
+                (r["predicted_epoch_s"], lay, r) for lay, r in rows if "predicted_epoch_s" in r
+            ]
+            sized = [
+                (max(r["predicted_peak_mib"].values()), lay)
+                for lay, r in rows
+                if r.get("predicted_peak_mib")
+            ]
+            parts = []
+            if timed:
+                epoch_s, lay, row = min(timed, key=lambda t: t[0])
+                band = f" ±{row['band']:.0%}" if row.get("band") is not None else ", unchecked"
+                parts.append(f"fastest {lay} ({epoch_s:.2f} s/epoch{band})")
+            if sized:
+                peak, lay = min(sized)
+                parts.append(f"least memory per device {lay} ({peak:.0f} MiB)")
+            if parts:
+                lines.append(f"On {n} devices, {name}'s layout (predicted): " + "; ".join(parts))
+    return lines
+
+
+def footer(predicted: dict[str, Any]) -> list[str]:
+    lines = layout_picks(predicted)
     for n, by_name in predicted["by_devices"].items():  # what N's table leaves out, and why
         skipped: dict[str, list[str]] = {}
         for name, row in by_name.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -114,9 +115,20 @@ def predict_strategy(
         if too_many_processes(device, n) and replica_split(name) is None:
             why = f"this CPU's {os.cpu_count()} cores: at most {os.cpu_count()} processes"
             doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": why}
-            continue
-        try:
-            doc["by_devices"][str(n)] = predict(measured, n, given, data).to_json()
-        except UserError as err:  # e.g. more pipeline stages than devices
-            doc["by_devices"][str(n)] = {"strategy": name, "not_predicted": str(err)}
+        elif spec.facts.layouts is None:
+            doc["by_devices"][str(n)] = predicted_or_why(measured, n, given, data)
+        else:  # every way to lay n devices out, each its own row (`layout`)
+            rows = {}
+            for options in spec.facts.layouts(spec.options, n):
+                laid_out = replace(spec, options=options)
+                at = Measurements(laid_out, device, cfg.predict.time_s)
+                rows[laid_out.dims(n).describe()] = predicted_or_why(at, n, given, data)
+            doc["by_devices"][str(n)] = {"strategy": name, "layouts": rows}
     return doc
+
+
+def predicted_or_why(measured: Measurements, n: int, link: Link, data: DataSize) -> dict[str, Any]:
+    try:
+        return predict(measured, n, link, data).to_json()
+    except UserError as err:  # e.g. more pipeline stages than devices
+        return {"strategy": measured.spec.name, "not_predicted": str(err)}

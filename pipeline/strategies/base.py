@@ -59,6 +59,9 @@ class StrategyFacts(Generic[OptionsT]):
     # device mesh (pipeline/parallel_dims.py), whose data dimensions each train a share of
     # every micro-batch (the plan's data_world)
     mesh: Callable[[OptionsT, int], ParallelDims]
+    # its section at every way to lay n devices out that a prediction compares (a hybrid's
+    # factorizations of n); None: the section as it is
+    layouts: Optional[Callable[[OptionsT, int], list[OptionsT]]] = None
     # keys of its own section that change what a run computes, and so its identity
     # (pipeline/checkpoints/identity.py); the others only place the run (e.g. nproc: the
     # world size, which the identity holds anyway)

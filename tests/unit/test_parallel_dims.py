@@ -51,15 +51,6 @@ def test_groups_partition_the_ranks_along_their_dimensions(dims):
             assert len(others) == 1
 
 
-def test_a_mesh_of_another_size_than_the_job_is_refused_naming_the_key():
-    dims = ParallelDims(replicate=2, channel=2)
-    dims.check_world(4, "hybrid")
-    with pytest.raises(
-        UserError, match=r"^hybrid: replicate 2 x channel 2 is 4 process\(es\), but the job has 6"
-    ):
-        dims.check_world(6, "hybrid")
-
-
 @pytest.mark.parametrize("width", range(1, 17))
 @pytest.mark.parametrize("channel", SIZES)
 def test_channels_must_divide_every_split_layer(width, channel):
@@ -78,13 +69,20 @@ def test_split_channels_are_each_residual_blocks_inner_width():
 @pytest.mark.parametrize("n", range(1, 17))
 def test_factorizations_are_every_two_dimensional_layout(n):
     layouts = factorizations(n, ("replicate", "channel"))
-    assert all(d.world == n and d.replicate >= 2 and d.channel >= 2 for d in layouts)
-    expected = [(a, n // a) for a in range(2, n) if n % a == 0 and n // a >= 2]
+    assert all(d.world == n and d.shard == d.pipeline == 1 for d in layouts)
+    expected = [(a, n // a) for a in range(1, n + 1) if n % a == 0]
     assert [(d.replicate, d.channel) for d in layouts] == expected
-    assert [(d.replicate, d.channel) for d in factorizations(8, ("replicate", "channel"))] == [
-        (2, 4),
-        (4, 2),
-    ]
+
+
+def test_three_dimensions_lay_out_every_product():
+    layouts = factorizations(4, ("replicate", "shard", "channel"))
+    sizes = [(d.replicate, d.shard, d.channel) for d in layouts]
+    assert sizes == [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+
+
+def test_eight_devices_lay_out_four_ways():
+    layouts = factorizations(8, ("shard", "channel"))
+    assert [(d.shard, d.channel) for d in layouts] == [(1, 8), (2, 4), (4, 2), (8, 1)]
 
 
 def test_a_dimension_below_one_is_refused():
