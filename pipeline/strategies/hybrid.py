@@ -79,7 +79,11 @@ def nproc(options: HybridConfig, plan: BatchPlan, n_gpus: int) -> int:
 
 
 def parallelize(
-    model: nn.Sequential, options: HybridConfig, plan: BatchPlan, ctx: DistContext, autocast: Autocast
+    model: nn.Sequential,
+    options: HybridConfig,
+    plan: BatchPlan,
+    ctx: DistContext,
+    autocast: Autocast,
 ) -> DataParallelRun:
     dims = mesh(options, ctx.world_size)
     run = apply_mesh(model, dims, plan, ctx, sync_bn=options.sync_bn)
