@@ -8,6 +8,7 @@ way (MemTracker: profile.rank_memory), rank by rank.
     python -m benchmarks.memory_check                   # N = 2 and 4
     python -m benchmarks.memory_check --gpus 2 --set model.width=8
     python -m benchmarks.memory_check --device cuda     # the real ranks share the one GPU
+    python -m benchmarks.memory_check --strategies channel_parallel hybrid
 
 What is compared is the step's tensor memory, the part the prediction runs code for; the data
 each device holds beside it is arithmetic (prediction.DataSize), the same in both. On a CPU
@@ -120,13 +121,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--set", nargs="*", default=[], help="more key=value settings")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     args = parser.parse_args(argv)
     overrides = [*SETTINGS, *args.set]
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     label, info = machine(device)
     load_before = os.getloadavg()
     rows = {}
-    for name in STRATEGIES:
+    for name in args.strategies:
         for world in args.gpus:
             row = check(name, world, overrides, device)
             rows[f"{name}@{world}"] = row
@@ -143,7 +145,12 @@ def main(argv: list[str] | None = None) -> dict:
             label,
             info,
             load_before,
-            {"gpus": args.gpus, "overrides": overrides, "device": args.device},
+            {
+                "gpus": args.gpus,
+                "overrides": overrides,
+                "device": args.device,
+                "strategies": args.strategies,
+            },
         ),
         "compared": "allocator peak per rank" if device.type == "cuda" else "MemTracker total",
         "goal": f"|predicted / measured - 1| <= {GOAL:.0%} per rank",

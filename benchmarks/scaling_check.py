@@ -6,6 +6,7 @@ processes by its train stage, and the two steps compared (issue 48, goal 3).
 
     python -m benchmarks.scaling_check              # 3 rounds
     python -m benchmarks.scaling_check --runs 1 --set model.width=8
+    python -m benchmarks.scaling_check --strategies channel_parallel hybrid
 
 Each round measures the gloo link, predicts each strategy, and runs its stage in a project
 copy (synthetic Fashion-MNIST-shaped data), the rows taking turns. The measured step is the
@@ -13,7 +14,8 @@ stage's steady epoch seconds over its steps per epoch (training only, as the pre
 JSON (benchmarks/results/<machine>-scaling-check-<date>.json unless --out) holds every round,
 the medians, and each strategy's error: predicted / measured - 1. Goal: within 25% each.
 single's row checks the baseline every speedup divides by: its profile at world size 1
-against its own stage.
+against its own stage. A strategy predicted at every layout of its devices (hybrid) is
+checked layout by layout, each run for real with its section set to that layout.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ SETTINGS = [
     "fsdp.nproc=2",
     "pipeline_parallel.nproc=2",
     "pipeline_parallel.stages=2",
+    "channel_parallel.nproc=2",
 ]
 TRAIN, TEST = 2560, 256
 
@@ -72,32 +75,58 @@ def measured_step(project: Path, env: dict, name: str, overrides: list[str], wor
     return float(summary["steady_epoch_seconds"]) / steps
 
 
-def one_round(project: Path, env: dict, overrides: list[str]) -> dict[str, Any]:
+def layout_overrides(label: str, cfg: Any, name: str, row: dict[str, Any]) -> list[str]:
+    """The section keys that run `name` at the layout a row of its prediction names."""
+    spec = resolve_run(cfg, name)
+    assert spec.facts.layouts is not None
+    for options in spec.facts.layouts(spec.options, WORLD):
+        if f"{name} ({spec.facts.mesh(options, WORLD).describe()})" == label:
+            return [f"{name}.{k}={v}" for k, v in vars(options).items()]
+    raise ValueError(f"no layout of {name} is {label!r}")
+
+
+def predicted_rows(cfg: Any, name: str, doc: dict[str, Any]) -> dict[str, tuple[dict, list[str]]]:
+    """label -> (its prediction at WORLD, the overrides that run it): one row, or one per
+    layout of a strategy predicted at each (hybrid)."""
+    row = doc["by_devices"][str(WORLD)]
+    if "layouts" not in row:
+        return {name: (row, [])}
+    return {
+        f"{name} ({k})": (r, layout_overrides(f"{name} ({k})", cfg, name, r))
+        for k, r in row["layouts"].items()
+    }
+
+
+def one_round(
+    project: Path, env: dict, overrides: list[str], strategies: tuple[str, ...]
+) -> dict[str, Any]:
     """The predict stage's own work (pipeline.scaling.stage) for each strategy at WORLD, then
-    each strategy's train stage."""
+    each strategy's train stage (each layout's, where it is predicted at several)."""
     cfg = load_config(project / "params.yaml", [*overrides, f"predict.gpus=[{WORLD}]"])
     device = torch.device("cpu")
     link = the_link(cfg, device)  # auto: gloo between 2 processes, measured here
     rows = {}
-    for name in STRATEGIES:
+    for name in strategies:
         doc = predict_strategy(cfg, name, device, lambda: link)
+        laid: dict[str, tuple[dict[str, Any], list[str]]]
         if name == "single":  # its step on one device: every speedup's baseline
-            predicted, devices, row = doc["baseline_step_s"], 1, {}
+            laid = {name: ({"predicted_step_s": doc["baseline_step_s"], "devices_used": 1}, [])}
         else:
-            row = doc["by_devices"][str(WORLD)]
+            laid = predicted_rows(cfg, name, doc)
+        for label, (row, layout) in laid.items():
             predicted, devices = row["predicted_step_s"], row["devices_used"]
-        real = measured_step(project, env, name, overrides, devices)
-        rows[name] = {
-            **row,
-            "predicted_step_s": predicted,
-            "measured_step_s": real,
-            "error": predicted / real - 1,
-        }
-        print(
-            f"scaling_check: {name}: predicted {predicted * 1000:.1f} ms a step, "
-            f"measured {real * 1000:.1f} ms ({rows[name]['error']:+.0%})",
-            flush=True,
-        )
+            real = measured_step(project, env, name, [*overrides, *layout], devices)
+            rows[label] = {
+                **row,
+                "predicted_step_s": predicted,
+                "measured_step_s": real,
+                "error": predicted / real - 1,
+            }
+            print(
+                f"scaling_check: {label}: predicted {predicted * 1000:.1f} ms a step, "
+                f"measured {real * 1000:.1f} ms ({rows[label]['error']:+.0%})",
+                flush=True,
+            )
     return {
         "link": {"busbw_GBps": link.busbw / 1e9, "latency_us": link.latency_s * 1e6},
         "strategies": rows,
@@ -125,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--set", nargs="*", default=[], help="more key=value settings")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/...)")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     args = parser.parse_args(argv)
     overrides = [*SETTINGS, *args.set]
     label, info = machine(torch.device("cpu"))
@@ -133,13 +163,15 @@ def main(argv: list[str] | None = None) -> dict:
         mirror = Path(tmp) / "mirror"
         write_synthetic(mirror, TRAIN, TEST)
         project, env = fetched_copy(Path.cwd(), Path(tmp) / "project", mirror)
-        rounds = [one_round(project, env, overrides) for _ in range(args.runs)]
+        rounds = [
+            one_round(project, env, overrides, tuple(args.strategies)) for _ in range(args.runs)
+        ]
     median = {
         name: {
             what: statistics.median(r["strategies"][name][what] for r in rounds)
             for what in ("predicted_step_s", "measured_step_s")
         }
-        for name in STRATEGIES
+        for name in rounds[0]["strategies"]
     }
     for m in median.values():
         m["error"] = m["predicted_step_s"] / m["measured_step_s"] - 1

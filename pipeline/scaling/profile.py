@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import itertools
 import math
 import os
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from pipeline import strategies
 from pipeline.context import DistContext
 from pipeline.data.device_data import to_device
 from pipeline.data.synthetic import synthetic_split
@@ -397,20 +397,17 @@ def stage_memories(spec: RunSpec[Any], device: torch.device) -> tuple[RankMemory
     return tuple(fake_rank_memory(spec, stages, device, rank) for rank in range(stages))
 
 
-def pipeline_split(name: str) -> Callable[[list[int], int], list[int]] | None:
+def pipeline_split(name: str) -> Callable[[Sequence[float], int], list[int]] | None:
     """The strategy's own cut of the blocks into stages where it runs them as a pipeline (its
-    `split_points`), else None; its module loaded by name as the registry loads it
-    (strategies.get): so only its own predict stage depends on it."""
-    module = importlib.import_module(f"pipeline.strategies.{name}")
-    return getattr(module, "split_points", None)
+    spec's `stage_split`), else None; its module loaded by the registry (strategies.get), so
+    only its own predict stage depends on it."""
+    return strategies.get(name).stage_split
 
 
 def replica_split(name: str) -> Callable[[Any, Any, int], list[int]] | None:
     """The strategy's own split of a forward's micro-batch over n devices where one process
-    drives them as DataParallel replicas (its `replica_shares`), else None; its module loaded
-    by name, as `pipeline_split` loads it."""
-    module = importlib.import_module(f"pipeline.strategies.{name}")
-    return getattr(module, "replica_shares", None)
+    drives them as DataParallel replicas (its spec's `replica_shares`), else None."""
+    return strategies.get(name).replica_shares
 
 
 class Replicas:

@@ -259,4 +259,4 @@ def split_inputs(
     return split(tuple(inputs)), [dict(part) for part in split(dict(kwargs))]
 
 
-SPEC = StrategySpec(FACTS, nproc, parallelize)
+SPEC = StrategySpec(FACTS, nproc, parallelize, replica_shares=replica_shares)

@@ -27,7 +27,7 @@ The Trainer (pipeline/training/trainer.py) branches on the type of the result, n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -159,6 +159,12 @@ class StrategySpec(Generic[OptionsT]):
     facts: StrategyFacts[OptionsT]
     nproc: Callable[[OptionsT, BatchPlan, int], int]
     parallelize: Callable[[nn.Sequential, OptionsT, BatchPlan, DistContext, Autocast], Run]
+    # How its prediction measures it where not as one rank of N under the fake process group
+    # (pipeline/scaling/profile.py), declared here rather than guessed: a pipeline's cut of
+    # the blocks' costs into stages, or the shares of a micro-batch that one process's
+    # DataParallel replicas take on n devices.
+    stage_split: Optional[Callable[[Sequence[float], int], list[int]]] = None
+    replica_shares: Optional[Callable[[OptionsT, BatchPlan, int], list[int]]] = None
 
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> mean loss

@@ -98,4 +98,4 @@ def batchnorm_note(name: str, split: list[int]) -> str | None:
     )
 
 
-SPEC = StrategySpec(FACTS, nproc, parallelize)
+SPEC = StrategySpec(FACTS, nproc, parallelize, replica_shares=replica_shares)

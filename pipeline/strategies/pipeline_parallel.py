@@ -296,4 +296,4 @@ def boundary_examples(
     return before.requires_grad_(first > 0), after.requires_grad_(True)
 
 
-SPEC = StrategySpec(FACTS, nproc, parallelize)
+SPEC = StrategySpec(FACTS, nproc, parallelize, stage_split=split_points)
