@@ -158,6 +158,9 @@ def one_device(name: str, device: str) -> list[str]:
         "ddp": ["ddp.nproc=1"],
         "fsdp": ["fsdp.nproc=1"],
         "pipeline_parallel": ["pipeline_parallel.stages=2", "pipeline_parallel.nproc=1"],
+        # one rank: the mesh's every dimension of size 1 (on a GPU it takes the one given)
+        "channel_parallel": ["channel_parallel.nproc=1"],
+        "hybrid": ["hybrid.data=1", "hybrid.shard=1", "hybrid.channel=1"],
     }
     return ["devices=0" if device == "cuda" else "devices=cpu", *per.get(name, [])]
 

@@ -200,8 +200,8 @@ def split_channels(
     channel mesh; `data_group`: the data ranks BatchNorm is synchronised over (None: none)."""
     group = mesh.get_group()
     for module in model.modules():
-        own = list(module.named_parameters(recurse=False))
-        if not own:
+        held = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if not held:  # an activation, a pooling, a container: nothing to split
             continue
         how = plan.get(module, REPLICATE)
         for name, placement in placements(module, how).items():
@@ -210,7 +210,7 @@ def split_channels(
                 param = nn.Parameter(distribute(tensor.data, mesh, placement), tensor.requires_grad)
                 module.register_parameter(name, param)
             else:
-                module._buffers[name] = distribute(tensor, mesh, placement)
+                module.register_buffer(name, distribute(tensor, mesh, placement))
         forward_on_local(module, how, group, data_group)
 
 

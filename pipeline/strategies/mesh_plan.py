@@ -54,12 +54,15 @@ def channel_plan(model: nn.Sequential) -> dict[nn.Module, str]:
     }
 
 
-def apply_channel(model: nn.Sequential, mesh: DeviceMesh, synced_over: Group) -> list[str]:
+def apply_channel(
+    model: nn.Sequential, mesh: DeviceMesh, synced_over: Group, samples_per_step: int
+) -> list[str]:
     """Split every residual block's inner channels over `mesh` (1-D); `synced_over`: the data
     ranks every BatchNorm is synchronised over, or None. -> its notes: what is split, and
-    what its collectives move (reckoned from the plan before the split)."""
+    what its collectives move in an optimizer step of `samples_per_step` samples a rank
+    (reckoned from the plan before the split)."""
     plan = channel_plan(model)
-    moved = traffic_note(model, plan, mesh.size())
+    moved = traffic_note(model, plan, mesh.size(), samples_per_step)
     split_channels(model, plan, mesh, synced_over)
     return [
         f"channel: {mesh.size()} shards of every residual block's inner channels (conv1 and "
@@ -69,16 +72,19 @@ def apply_channel(model: nn.Sequential, mesh: DeviceMesh, synced_over: Group) ->
     ]
 
 
-def traffic_note(model: nn.Sequential, plan: dict[nn.Module, str], n: int) -> str:
-    """What each rank's channel collectives move per sample of a micro-batch (f's gradients
-    and g's outputs, all-reduced, blocking), from the plan and the plain model's activation
-    shapes: the same bytes the code sends (tests/unit/test_mesh_plan.py counts both)."""
+def traffic_note(model: nn.Sequential, plan: dict[nn.Module, str], n: int, samples: int) -> str:
+    """What each rank's channel collectives move in an optimizer step of `samples` samples
+    (f's gradients and g's outputs, all-reduced, blocking), from the plan and the plain
+    model's activation shapes in its parameters' dtype (half of it under bf16 autocast): the
+    same bytes the code sends (tests/unit/test_mesh_plan.py counts both)."""
     param = next(model.parameters())
     example = torch.zeros(1, *INPUT_SHAPE, dtype=param.dtype, device=param.device)
     sizes = split_bytes(model, plan, example)
+    per_step = sum(size for _, size in sizes) * samples
     return (
         f"channel: {len(sizes)} all-reduces per forward and backward over {n} shards, "
-        f"{sum(size for _, size in sizes) / 1024:.1f} KiB of activations per sample, blocking"
+        f"{per_step / 2**20:.2f} MiB of {str(param.dtype).removeprefix('torch.')} activations "
+        "an optimizer step, blocking"
     )
 
 
@@ -115,7 +121,9 @@ def apply_mesh(
     notes: list[str] = []
     before_eval = writer_buffers_within(model, group) if not sync_bn and dims.data > 1 else None
     if dims.channel > 1:
-        notes += apply_channel(model, mesh["channel"], group if sync_bn and dims.data > 1 else None)
+        synced_over = group if sync_bn and dims.data > 1 else None
+        samples = plan.per_rank * plan.grad_accum
+        notes += apply_channel(model, mesh["channel"], synced_over, samples)
     elif sync_bn and dims.data > 1:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
     if dims.shard > 1:

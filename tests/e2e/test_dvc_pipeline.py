@@ -113,6 +113,8 @@ def assert_edit_stales(project, module: str, stages: set[str]) -> None:
 
 
 EVERY_TRAIN_STAGE = {f"train@{name}" for name in NAMES}
+# ddp's and fsdp's sync_bn, and the mesh's BatchNorm over its data ranks
+SYNC_BN_USERS = ("ddp", "fsdp", "channel_parallel", "hybrid")
 EVERY_PREDICT_STAGE = {f"predict@{name}" for name in NAMES}
 
 
@@ -149,7 +151,7 @@ def every_stage_recorded(tmp_path_factory, http_mirror):
         # helpers shared by some strategies: theirs
         (
             "pipeline/strategies/sync_batchnorm.py",
-            {"train@ddp", "train@fsdp", "predict@ddp", "predict@fsdp"},
+            {f"{stage}@{name}" for stage in ("train", "predict") for name in SYNC_BN_USERS},
         ),
         (
             "pipeline/strategies/dp.py",

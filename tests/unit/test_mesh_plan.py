@@ -68,7 +68,7 @@ def test_channel_collectives_are_what_the_plan_declares(world):
         from pipeline.parallel_dims import ParallelDims
 
         mesh = ParallelDims(channel=ctx.world_size).mesh("cpu")
-        apply_channel(model, mesh["channel"], None)
+        apply_channel(model, mesh["channel"], None, batch)
         log = SentLog()
         with log:
             model(x).sum().backward()
