@@ -71,6 +71,9 @@ class ModelConfig:
     width: int = field(default=64, metadata=_min(1))
     """Base channel width of the ResNet-18; 64 is the real network, 8 makes CPU runs
     quick."""
+    init: str = field(default="torch", metadata={"choices": ("torch", "d2l")})
+    """Initial weights: torch (each layer's own default) | d2l (note 004: normal_(std=0.01)
+    on every Linear and Conv2d weight, biases and BatchNorm as torch makes them)."""
 
 
 @dataclass
