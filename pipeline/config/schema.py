@@ -61,7 +61,8 @@ class DataConfig:
     """Random crop (4-pixel padding) + horizontal flip of training images, drawn per
     position of each epoch's order (seed, epoch): the same whichever rank or worker loads it."""
     workers: int = field(default=4, metadata=_min(0))
-    """DataLoader worker processes (dataloader only); the notes use 4."""
+    """DataLoader worker processes (dataloader only); the notes use 4. At most the cores the
+    process may use (os.sched_getaffinity): fewer start where it has fewer, with a note."""
 
 
 @dataclass
