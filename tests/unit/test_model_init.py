@@ -8,6 +8,10 @@ from torch import nn
 from pipeline.checkpoints.hardware import local_facts
 from pipeline.checkpoints.identity import run_identity
 from pipeline.config import Config, load_config
+from pipeline.context import DistContext
+from pipeline.data.device_data import to_device
+from pipeline.data.download import convert
+from pipeline.numerics.build import build_training
 from pipeline.resnet import build_model, initialise, resnet18
 from pipeline.run_spec import resolve_run
 
@@ -72,3 +76,15 @@ def test_model_init_is_part_of_the_run_identity(tmp_path):
     d2l = run_identity(resolve_run(cfg, "single"), 1, data, hw)
     assert d2l.key != torch_init.key
     assert "params differ (model.init: 'torch' -> 'd2l')" in d2l.difference(torch_init.to_record())
+
+
+def test_the_training_builds_its_model_with_model_init(raw_dataset):
+    cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
+    data = to_device(convert(raw_dataset[0]), cpu.device, 64, 32)
+    cfg = Config()
+    cfg.model.width, cfg.train.batch_size, cfg.model.init = 4, 16, "d2l"
+    spec = resolve_run(cfg, "single")
+    training = build_training(spec, cpu, data, spec.job_plan(1, len(data.train_labels)))
+    built = training.run.module.state_dict()
+    for name, value in build_model(4, cfg.seed, "d2l").state_dict().items():
+        assert torch.equal(built[name], value), name
