@@ -10,8 +10,9 @@ refuses is a `UserError` (one line, exit code 2), like any other bad input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from pipeline.config import Config, ConfigError, describe, load_config
@@ -27,6 +28,10 @@ PARAMS_EPILOG = (
     "key=value; one section only: --params SECTION):\n\n"
 )
 PRINT_CONFIG = "--print-config"
+# the notes' flags (note 000's parser, note 002's launcher): flag -> the params key it sets
+NOTES_VALUE_FLAGS = {"--devices": "devices"}
+NOTES_SWITCHES = {"--disable-cuda": "devices=cpu"}
+LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
 PARAMS_HELP = (
     "print the value in use, default and meaning of every key of one params.yaml section "
     "(e.g. train, or a top-level key such as devices) and exit"
@@ -80,6 +85,61 @@ class _PrintParams(argparse.Action):
         parser.exit(0)
 
 
+def notes_flags(argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """`argv` with the source notes' flags read as what they mean: `--devices X` (or
+    `--devices=X`) as the override `devices=X`, `--disable-cuda` as `devices=cpu`, both put
+    after the other arguments (the notes' flag wins over a `devices=` given beside it), and
+    torch.distributed.launch's `--local-rank=K` / `--local_rank K` dropped once it agrees with
+    the LOCAL_RANK of `env`, which the worker reads (`DistContext.from_env`)."""
+    kept: list[str] = []
+    meant: list[str] = []
+    items = iter(argv)
+    for item in items:
+        flag, eq, value = item.partition("=")
+        if flag in NOTES_VALUE_FLAGS or flag in LOCAL_RANK_FLAGS:
+            if not eq:
+                value = next(items, "")
+                if not value or value.startswith("-"):
+                    raise UserError(f"{flag}: expected a value after it (e.g. {flag} 0)")
+            if flag in NOTES_VALUE_FLAGS:
+                meant.append(f"{NOTES_VALUE_FLAGS[flag]}={value}")
+            else:
+                check_local_rank(flag, value, env)
+        elif item in NOTES_SWITCHES:
+            meant.append(NOTES_SWITCHES[item])
+        else:
+            kept.append(item)
+    return kept + meant
+
+
+def check_local_rank(flag: str, value: str, env: Mapping[str, str]) -> None:
+    """torch.distributed.launch's `--local-rank` must restate its LOCAL_RANK: the worker's
+    device comes from the environment, and a process started with this flag by anything else
+    would train as a rank nothing else knows of."""
+    if "LOCAL_RANK" not in env:
+        raise UserError(
+            f"{flag}={value}: only a worker started by torch.distributed.launch or torchrun "
+            "takes it (they set LOCAL_RANK); run `python -m pipeline.train STRATEGY` without it"
+        )
+    if value.strip() != env["LOCAL_RANK"].strip():
+        raise UserError(
+            f"{flag}={value} disagrees with LOCAL_RANK={env['LOCAL_RANK']} in the environment"
+        )
+
+
+def unknown_flag(argv: list[str], known: tuple[str, ...]) -> Optional[str]:
+    """The first argument that looks like a flag and is none of `known` (the value after
+    `--params` is not one); None where every flag is known."""
+    items = iter(argv)
+    for item in items:
+        flag = item.partition("=")[0]
+        if flag == "--params" and "=" not in item:
+            next(items, None)
+        elif item.startswith("-") and flag not in known:
+            return item
+    return None
+
+
 def parse_args(
     module: str,
     doc: Optional[str],
@@ -97,7 +157,7 @@ def parse_args(
         epilog=details,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    argv = sys.argv[1:] if argv is None else argv
+    argv = notes_flags(sys.argv[1:] if argv is None else argv, os.environ)
     parser.with_params, parser.argv = params_help, argv
     if strategy_names:
         parser.add_argument(
@@ -113,6 +173,11 @@ def parse_args(
     parser.add_argument("--params", metavar="SECTION", action=_PrintParams, help=PARAMS_HELP)
     # a flag may follow the overrides (`ddp train.epochs=2 --print-config`): argparse takes
     # positionals in one run, so the flag goes first, which changes nothing it means
+    known = ("-h", "--help", "--params", *((PRINT_CONFIG,) if strategy_names else ()))
+    unknown = unknown_flag(argv, known)
+    if unknown is not None:
+        # named alone: argparse would list every argument after it as unrecognized too
+        parser.error(f"unrecognized arguments: {unknown}")
     flags = [a for a in argv if a == PRINT_CONFIG]
     args = parser.parse_args(flags + [a for a in argv if a != PRINT_CONFIG])
     if strategy_names and "=" in args.strategy:

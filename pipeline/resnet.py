@@ -86,14 +86,35 @@ def resnet18(
     )
 
 
-def build_model(width: int, seed: int) -> nn.Sequential:
-    """The same initial weights for every strategy and rank: seeded, built on the CPU."""
+# model.init: torch's own initialisation of each layer, or note 004's d2l `init_weights`
+INITS = ("torch", "d2l")
+D2L_STD = 0.01  # note 004: nn.init.normal_(m.weight, std=0.01)
+
+
+def build_model(width: int, seed: int, init: str = "torch") -> nn.Sequential:
+    """The same initial weights for every strategy and rank: seeded, built on the CPU, then
+    initialised as `init` says (`initialise`)."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return resnet18(width)
+        return initialise(resnet18(width), init)
     finally:
         torch.random.set_rng_state(generator_state)
+
+
+def initialise(model: nn.Sequential, init: str) -> nn.Sequential:
+    """`torch`: the layers as torch built them (Kaiming-uniform weights, uniform biases).
+    `d2l`: note 004's `init_weights`, `nn.init.normal_(m.weight, std=0.01)` on every module
+    whose type is exactly Linear or Conv2d (its `type(m) in [...]`), biases and BatchNorm
+    left as torch built them; drawn from the generator the caller seeded."""
+    if init not in INITS:
+        raise ValueError(f"model.init: got {init!r}, expected one of {', '.join(INITS)}")
+    if init == "d2l":
+        for module in model.modules():
+            if type(module) in (nn.Linear, nn.Conv2d):
+                assert isinstance(module, (nn.Linear, nn.Conv2d))  # for mypy: type() is exact
+                nn.init.normal_(module.weight, std=D2L_STD)
+    return model
 
 
 def block_flops(model: nn.Sequential) -> list[int]:

@@ -30,6 +30,7 @@ import yaml
 from pipeline.cli import exit_code, parse_args
 from pipeline.config import Config, config_from, launch_free, read_params, to_yaml
 from pipeline.errors import exit_on_user_error
+from pipeline.launch import slurm
 from pipeline.results import CHECKPOINTS, RUN_RECORD
 from pipeline.strategies import NAMES, check_strategy, own_params
 from pipeline.timeline import mark
@@ -38,7 +39,9 @@ from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
 def under_torchrun(env: Mapping[str, str]) -> bool:
-    """Whether this process is one of torchrun's workers, not the launcher that starts them."""
+    """Whether this process is one of torchrun's workers (torchrun's, or
+    torch.distributed.launch's, with or without --use-env), not the launcher that starts
+    them."""
     return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
 
 
@@ -58,6 +61,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     check_strategy(args.strategy)  # the one check of the name in this process
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
+    if not under_torchrun(os.environ) and slurm.one_task_per_process(os.environ):
+        # srun's task per process (note 001): a worker, its group from SLURM's variables,
+        # read once here as torchrun's (launch/slurm.py); nothing below reads SLURM_*
+        os.environ.update(slurm.torchrun_env(os.environ))
+        from pipeline.launch import worker
+
+        worker.entry(args.strategy, None, args.overrides)
+        return
     if under_torchrun(os.environ):
         from pipeline.launch import worker
 

@@ -20,7 +20,7 @@ from pipeline.context import DistContext
 from pipeline.files import atomic_write
 from pipeline.interrupts.faults import Hooks
 from pipeline.numerics.build import Training
-from pipeline.results import EpochRow
+from pipeline.results import RESULTS, EpochRow
 from pipeline.strategies.base import Decided
 
 DECIDED = "decided.json"  # beside the checkpoints: what the run decided at its start
@@ -135,10 +135,17 @@ class CheckpointPolicy:
                 f"step {position.step}: resumed from a checkpoint of {saved_by} process(es), "
                 "resharded"
             )
-        say(
-            f"resuming at epoch {position.epoch + 1} step {position.step} from "
-            f"{source.directory}{resharded}"
-        )
+        if position.epoch >= self.epochs:
+            # its last checkpoint is its end: the rerun trains nothing and writes what it had
+            say(
+                f"already trained: all {self.epochs} epoch(s) are in {source.directory}, its "
+                f"results in {RESULTS / self.identity.strategy}/ (nothing to train)"
+            )
+        else:
+            say(
+                f"resuming at epoch {position.epoch + 1} step {position.step} from "
+                f"{source.directory}{resharded}"
+            )
         history = [EpochRow.from_record(r) for r in record["history"]]
         # a record from before the clock was kept: the last finished epoch's wall time, and
         # no seconds for the steps of the position's epoch before it (none at its start)

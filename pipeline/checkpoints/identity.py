@@ -72,6 +72,8 @@ NOT_IDENTITY = (
     "pipeline.launch.devices",
     "pipeline.launch.topology",
     "pipeline.launch.one_node_rendezvous",
+    # srun's task variables read as torchrun's: the identity holds what they set (world size)
+    "pipeline.launch.slurm",
     # the launcher's too: it reads CUDA's libraries into the page cache, which changes when
     # a run's first epoch pays for them, never what it computes
     "pipeline.launch.machine_warmup",

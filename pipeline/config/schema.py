@@ -61,7 +61,8 @@ class DataConfig:
     """Random crop (4-pixel padding) + horizontal flip of training images, drawn per
     position of each epoch's order (seed, epoch): the same whichever rank or worker loads it."""
     workers: int = field(default=4, metadata=_min(0))
-    """DataLoader worker processes (dataloader only); the notes use 4."""
+    """DataLoader worker processes (dataloader only); the notes use 4. At most the cores the
+    process may use (os.sched_getaffinity): fewer start where it has fewer, with a note."""
 
 
 @dataclass
@@ -71,6 +72,9 @@ class ModelConfig:
     width: int = field(default=64, metadata=_min(1))
     """Base channel width of the ResNet-18; 64 is the real network, 8 makes CPU runs
     quick."""
+    init: str = field(default="torch", metadata={"choices": ("torch", "d2l")})
+    """Initial weights: torch (each layer's own default) | d2l (note 004: normal_(std=0.01)
+    on every Linear and Conv2d weight, biases and BatchNorm as torch makes them)."""
 
 
 @dataclass

@@ -11,7 +11,8 @@ No DataLoader, no per-sample Python, no host sync.
 
 `dataloader`: what the source notes do. torchvision's FashionMNIST (PIL image per sample,
 ToTensor + Normalize, torchvision's pad, crop and flip for augmentation) in a DataLoader with
-`data.workers` worker processes, pinned memory on CUDA; with several data-parallel ranks a
+`data.workers` worker processes (at most the cores the process may use: `worker_count`),
+pinned memory on CUDA; with several data-parallel ranks a
 DistributedSampler gives each rank its share. Same global batch, same split of each batch
 over ranks (DistributedSampler strides over the shuffled order, as device_data.py does) and
 the same step count (the remainder is dropped). The order differs: the permutation comes from
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -150,6 +152,28 @@ AUGMENT_NOTE = (
 )
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's cpuset, taskset,
+    srun's --cpus-per-task), what torch's DataLoader checks its workers against."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_count(asked: int, cores: int) -> tuple[int, Optional[str]]:
+    """The DataLoader workers to start for `data.workers` = `asked` where the process may use
+    `cores` cores, and a note where that is fewer: more workers than cores only take turns
+    on them (torch warns of it at every epoch's loader), and which worker loads a sample
+    changes nothing it gets (its position decides its augmentation)."""
+    if asked <= cores:
+        return asked, None
+    return cores, (
+        f"data.workers {asked} -> {cores}: this process may use {cores} core(s) "
+        "(os.sched_getaffinity), and more DataLoader workers than cores would only take "
+        "turns on them"
+    )
+
+
 class PositionedSamples(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """The training set read by (position in the epoch's order, sample index): the PIL image,
     padded, cropped and flipped as `plan` says for that position (none without a plan), then
@@ -197,8 +221,11 @@ class DataLoaderBatches(Batches):
         n_train = self.plan.n_train
         assert n_train is not None  # self.steps has been read: the plan knows it
         self.dataset = torch.utils.data.Subset(dataset, range(n_train))
-        if self.options.augment:
-            self.notes = (AUGMENT_NOTE,)
+        self.workers, workers_note = worker_count(self.options.workers, usable_cores())
+        self.notes = (
+            *((AUGMENT_NOTE,) if self.options.augment else ()),
+            *((workers_note,) if workers_note else ()),
+        )
 
     def rank_order(self, epoch: int) -> list[int]:
         """This rank's sample indices for the epoch, in the order it trains on them."""
@@ -233,7 +260,7 @@ class DataLoaderBatches(Batches):
             PositionedSamples(self.dataset, augment),
             batch_size=plan.per_rank,
             sampler=order,
-            num_workers=self.options.workers,
+            num_workers=self.workers,
             pin_memory=on_cuda,
             drop_last=True,
         )

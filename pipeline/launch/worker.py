@@ -252,12 +252,14 @@ def comm_threads(tasks: Path = TASKS) -> list[str]:
 def attempt_store(env: Mapping[str, str]) -> dist.Store:
     """The rendezvous store, with keys scoped to this torchrun attempt. torchrun keeps its
     store across worker restarts but torch 2.14's env:// init assumes a fresh one, so a
-    restarted process group would read the dead attempt's addresses and hang connecting."""
+    restarted process group would read the dead attempt's addresses and hang connecting.
+    Without torchrun's agent (SLURM's one task per process: launch/slurm.py) no process hosts
+    the store, so rank 0 does, as torch's env:// init has it."""
     store = dist.TCPStore(
         env["MASTER_ADDR"],
         int(env["MASTER_PORT"]),
         int(env["WORLD_SIZE"]),
-        is_master=False,
+        is_master="TORCHELASTIC_RUN_ID" not in env and env.get("RANK") == "0",
         timeout=timedelta(minutes=10),
     )
     return dist.PrefixStore(

@@ -106,7 +106,7 @@ def build_training(
     # its process-wide switches (TF32, cuDNN autotuning) at once: the one fallback to come
     # (fit_to_strategy: a pipeline's fp16 trains in fp32) leaves TF32 off, as it was
     configure_backends(prec, device)
-    model = build_model(spec.model.width, spec.seed).to(device, prec.dtype)
+    model = build_model(spec.model.width, spec.seed, spec.model.init).to(device, prec.dtype)
     # DDP ties its gradient accumulators to the stream it is built on, and a capture breaks
     # where that is the default stream (torch's warning on the H200, 2026-11-28; PyTorch's
     # CUDA graphs notes, "Usage with DistributedDataParallel"): built on a side stream then

@@ -145,7 +145,9 @@ class RunRecorder:
             spec.report.system_metrics_interval_s if trains else None,
             gpu_uuids(gpus),
         )
-        for note in self.notes:
+        # how to read the figures of what trains now; a finished run run again trains
+        # nothing, and its one line says so (checkpoint_policy.py)
+        for note in self.notes if trains else ():
             self.say(f"note: {note}")
         record_path = CHECKPOINTS / self.name / RUN_RECORD
         if events is not None:

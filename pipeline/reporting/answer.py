@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeline.reporting.notes_accuracy import drop_explained
 from pipeline.reporting.speed_noise import (
     SpeedFloor,
     floor_reason,
@@ -565,6 +566,7 @@ def recommend(
         for objective in _objectives(target, device)
     )
     claim, measured = _notes_claim(rows, spreads, floor)
+    claim = f"{claim} {drop_explained(rows)[0]}"  # what explains the notes' lower accuracy
     counts = {n: len(seeds.get(n) or {}) for n in spreads}
     noise = _noise_text(spreads, counts)
     return Answer(hardware(rows), recommendations, noise, claim, measured, floor)

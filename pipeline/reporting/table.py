@@ -103,6 +103,8 @@ def comparison_rows(
                 "scaling_efficiency": scaling_efficiency(up, n_devices),
                 "test_acc": r.test_acc,
                 "best_test_acc": r.best_test_acc,
+                # what the notes' dp accuracy is read against (notes_accuracy.py)
+                "test_acc_by_epoch": [h.test_acc for h in histories[r.strategy]],
                 "acc_delta_vs_single": delta(r.test_acc, base.test_acc if base else None),
                 "total_seconds": r.total_seconds,
                 "epoch_to_target": epoch,

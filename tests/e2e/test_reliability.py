@@ -199,7 +199,8 @@ def test_only_the_strategys_own_section_and_hardware_decide_its_resume(fault_pro
     again = run(
         project, *train, "fsdp.nproc=3", "pipeline_parallel.stages=3", MLFLOW_TRACKING_URI=uri
     )
-    assert "resuming at epoch 3" in again.stdout and "epoch 1/2" not in again.stdout
+    # a finished run's resume says so (issue 68), no longer "resuming at epoch 3"
+    assert "already trained: all 2 epoch(s)" in again.stdout and "epoch 1/2" not in again.stdout
     assert final_state(project)[1] == ref_metrics
     assert len(mlflow_runs(uri)[1]) == 1
 

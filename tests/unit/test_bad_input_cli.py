@@ -73,6 +73,19 @@ def keep_earlier_run(project, name: str) -> None:
         (["pipeline.train"], {}, ["usage: python -m pipeline.train STRATEGY"]),
         (["pipeline.train", "train.epochs=1"], {}, ["the first argument is the strategy"]),
         (["pipeline.train", "single", "--bogus"], {}, ["unrecognized arguments: --bogus"]),
+        # named alone, not with the valid key=value arguments after it (issue 68)
+        (
+            ["pipeline.train", "single", "--gpus", "2", "model.width=8"],
+            {},
+            ["(unrecognized arguments: --gpus)"],
+        ),
+        # note 000's flag, read as the devices key it means
+        (
+            ["pipeline.train", "single", "--devices", "0,3", "model.width=8"],
+            {},
+            ["devices: GPU 0 is not there"],
+        ),
+        (["pipeline.train", "single", "--local-rank=0"], {}, ["torch.distributed.launch"]),
         (["pipeline.train", "--params", "nope"], {}, ["unknown params section 'nope'"]),
         (
             ["pipeline.train", "ddp", "train.batch_size=31"],

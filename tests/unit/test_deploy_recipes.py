@@ -102,9 +102,20 @@ def test_sbatch_scripts_are_valid_bash():
     assert SBATCH, "no sbatch script under deploy/slurm"
     for path in SBATCH:
         subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
-        text = path.read_text()
-        assert "#SBATCH --ntasks-per-node=1" in text
-        assert "scontrol show hostnames" in text and "srun" in text
+    # one torchrun per node (the per-GPU recipe beside it: the next test)
+    text = (DEPLOY / "slurm" / "train.sbatch").read_text()
+    assert "#SBATCH --ntasks-per-node=1" in text
+    assert "scontrol show hostnames" in text and "srun" in text
+
+
+def test_the_per_gpu_recipe_starts_one_task_per_gpu_and_no_torchrun():
+    text = (DEPLOY / "slurm" / "train-per-gpu.sbatch").read_text()
+    tasks = re.search(r"^#SBATCH --ntasks-per-node=(\d+)$", text, re.M)
+    gpus = re.search(r"^#SBATCH --gpus-per-node=(\d+)$", text, re.M)
+    assert tasks and gpus and tasks[1] == gpus[1] and int(tasks[1]) > 1
+    # the tasks are the workers (pipeline/launch/slurm.py reads srun's variables)
+    commands = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert "torchrun" not in commands and "NNODES" not in commands and "RDZV" not in commands
 
 
 def train_command(tokens: list[str]) -> tuple[str, str]:

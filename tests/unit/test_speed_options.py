@@ -4,6 +4,7 @@ One real CLI run trains with the options combined."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from pipeline.data.loaders import (
     augment_plan,
     crop_flip,
     make_batches,
+    usable_cores,
+    worker_count,
 )
 from pipeline.errors import UserError
 from pipeline.numerics import precision
@@ -113,6 +116,29 @@ def test_the_dataloader_path_augments_with_torchvisions_transforms(tensors, raw_
     for (_, [(x, y)]), (_, [(xa, ya)]) in zip(plain, augmented):
         assert x.shape == xa.shape == (32, 1, 28, 28) and torch.equal(y, ya)
         assert not torch.equal(x, xa)
+
+
+def test_workers_are_at_most_the_cores_the_process_may_use():
+    count, note = worker_count(4, 2)
+    assert count == 2 and note is not None and note.startswith("data.workers 4 -> 2")
+    assert worker_count(4, 4) == (4, None) and worker_count(0, 1) == (0, None)
+    assert worker_count(2, 16) == (2, None)
+
+
+def test_more_workers_than_cores_start_no_more_and_torch_does_not_warn(tensors, raw_dataset):
+    """data.workers above the process's cores (os.sched_getaffinity: what torch checks) starts
+    one worker per core, says so in a note, and torch's "suggested max number of worker"
+    warning never comes."""
+    cores = usable_cores()
+    loader = dataloader_batches(tensors, raw_dataset[0], f"data.workers={cores + 2}")
+    assert loader.workers == cores
+    assert any(n.startswith(f"data.workers {cores + 2} -> {cores}") for n in loader.notes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps = loader.epoch(0)
+        next(steps)
+        steps.close()
+    assert not [w for w in caught if "worker" in str(w.message)], [str(w.message) for w in caught]
 
 
 # --- the two loaders ----------------------------------------------------------------------

@@ -1,0 +1,1 @@
+../../../pipeline/reporting/notes_accuracy.py
