@@ -196,7 +196,7 @@ def footer(predicted: dict[str, Any]) -> list[str]:
         name: row["checked"]
         for rows in predicted["by_devices"].values()
         for name, row in rows.items()
-        if "checked" in row
+        if "checked" in row and "not_predicted" not in row  # a row not predicted: said above
     }
     lines += [f"Error band of {name}: {checked}" for name, checked in bands.items()]
     memory = memory_line(predicted)

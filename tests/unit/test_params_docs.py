@@ -284,8 +284,9 @@ def test_train_help_prints_every_keys_value_in_use_and_meaning():
     assert "\n  train.epochs: 10\n      Passes over the training set.\n" in proc.stdout
     assert "--params SECTION" in proc.stdout and "--print-config" in proc.stdout
     # the experiment's own choice is what runs, the schema's default beside it
-    strategies = ", ".join(PARAMS["strategies"])
-    assert f"\n  strategies: [{strategies}]  (default: [single])\n" in proc.stdout
+    # (eight names are past a line: one a line, as describe writes a long value)
+    strategies = "".join(f"    - {name}\n" for name in PARAMS["strategies"])
+    assert f"\n  strategies:\n{strategies}    (default: [single])\n" in proc.stdout
     assert "fsdp: FSDP2 (torch.distributed.fsdp.fully_shard" in proc.stdout
     # still quick: the schema's docs need no torch
     imported = re.findall(r"\|\s+([\w.]+)$", proc.stderr, re.MULTILINE)

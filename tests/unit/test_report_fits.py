@@ -32,6 +32,8 @@ LAYOUT = {
     "ddp": (8, 8, 1.6, 0.88, 3000.0),
     "fsdp": (8, 8, 1.8, 0.88, 2000.0),
     "pipeline_parallel": (8, 8, 2.9, 0.885, 2010.0),
+    "channel_parallel": (8, 8, 3.4, 0.88, 9000.0),
+    "hybrid": (8, 8, 2.2, 0.88, 4000.0),
 }
 
 
@@ -116,7 +118,7 @@ def test_each_device_is_a_row_of_the_memory_table():
     for nodes in (1, 2):
         head, body = device_table.cells(rows(nodes))
         assert len(head) == 7 and {len(line) for line in body} == {7}
-        assert len(body) == sum(n for n, *_ in LAYOUT.values())  # 41 devices in all
+        assert len(body) == sum(n for n, *_ in LAYOUT.values())  # 57 devices in all
         assert max(len(c) for line in body for c in line) <= len("pipeline_parallel")
     head, body = device_table.cells(rows(nodes=2))
     ddp = body[17:25]  # single's 1 row, dp's and balanced_dp's 8 each, then ddp's 8
@@ -169,7 +171,7 @@ def test_the_compare_stage_prints_short_lines_and_files_the_mlflow_link(tmp_path
     main = page.split('<table class="main">', 1)[1].split("</table>", 1)[0]
     assert main.split("</tr>", 1)[0].count("<th>") == 10
     memory = page.split('<table class="devices">', 1)[1].split("</table>", 1)[0]
-    assert memory.count("<tr>") == 1 + 41
+    assert memory.count("<tr>") == 1 + sum(n for n, *_ in LAYOUT.values())
     metrics = json.loads((tmp_path / "reports/summary.json").read_text())
     assert metrics == {
         "acc": {name: LAYOUT[name][3] for name in NAMES},
