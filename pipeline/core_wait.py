@@ -54,3 +54,19 @@ def wait_share(before: Optional[Times], after: Optional[Times]) -> Optional[floa
         r0, w0 = before.get(thread, (0, 0))
         ran, waited = ran + r - r0, waited + w - w0
     return waited / (ran + waited) if ran + waited > 0 else None
+
+
+# Beyond this share of its runnable time spent waiting for a core, a run's time is the
+# machine's more than the strategy's, and the report shows its speed without ranking it
+# (reporting/answer.py, "machine busy: not ranked"). Chosen from benchmarks/omp_threads.py
+# (docs/performance.md "Threads per process"): up to it, 1 / (1 - w) accounts for the
+# slowdown a busy neighbour causes to within the A/A floor's 20 to 30%; beyond it the
+# slowdown outgrows it (OpenMP's threads wait for each other on oversubscribed cores), so
+# no correction or floor can make two such runs comparable.
+BUSY_WAIT = 0.5
+
+
+def busy(share: Optional[float]) -> bool:
+    """Whether a run that waited `share` of its runnable time for a core ran on a machine
+    too busy to time it; False where nothing was measured."""
+    return share is not None and share > BUSY_WAIT

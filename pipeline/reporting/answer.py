@@ -11,8 +11,10 @@ Objectives (a strategy missing the figure is left out of that objective and name
                      strategies that spread over more than one device
 Two strategies tie when their figures read the same at the precision the report shows them;
 in the speed objectives when their ratio lies within the A/A noise floor (speed_noise.py: how
-far apart single and the strategies that ran its very computation here came out); and, in the
-memory rankings and throughput, when they differ by no more than the larger of the
+far apart single and the strategies that ran its very computation here came out; a run the
+machine was too busy to time is shown, not ranked); in the memory objectives when they lie
+within the memory floor (memory_noise.py: how far apart the same A/A group's peaks came out);
+and, in the memory rankings and throughput, when they differ by no more than the larger of the
 two strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of
 one run's memory measurement; results.steady_spread: the max - min of samples/s over the
 steady epochs); tied strategies are all recommended, the best exact figure first, and the one
@@ -38,11 +40,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeline.reporting import memory_noise
+from pipeline.reporting.memory_noise import MemoryFloor, memory_floor
 from pipeline.reporting.speed_noise import (
     SpeedFloor,
+    busy_words,
     floor_reason,
     floor_text,
+    machine_busy,
     speed_floor,
+    speedup_within_noise,
     within_floor,
 )
 from pipeline.reporting.table import BASELINE, Row, features_text
@@ -75,6 +82,23 @@ OBJECTIVE_ALIASES = {
 }
 # the objectives that compare speed, which the speed options (compile, CUDA graphs) change
 SPEED_OBJECTIVES = ("fastest_to_target", "throughput")
+# the objectives judged against the memory floor (memory_noise.py)
+MEMORY_OBJECTIVES = ("peak_memory", "memory_balance")
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The noise floors the objectives are judged against: speed's and memory's A/A."""
+
+    speed: SpeedFloor
+    memory: MemoryFloor
+
+    def within(self, objective: str, best: float, value: float) -> bool:
+        if objective in SPEED_OBJECTIVES:
+            return within_floor(objective, best, value, self.speed)
+        if objective in MEMORY_OBJECTIVES:
+            return memory_noise.within(objective, best, value, self.memory)
+        return False
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,7 @@ class Answer:
     notes_claim: str  # the source notes' dp claim beside what was measured here
     notes_measured: dict[str, Any] = field(default_factory=dict)
     floor: SpeedFloor = field(default_factory=lambda: SpeedFloor((), {}, {}))  # speed's A/A
+    memory_floor: MemoryFloor = field(default_factory=lambda: MemoryFloor((), {}, None))
     # (strategy, its line) of each that ran out of device memory: ranked in nothing, said
     # beside the picks (pipeline/did_not_fit.py)
     unfit: tuple[tuple[str, str], ...] = ()
@@ -244,13 +269,13 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
 
 
 def _ties(
-    objective: _Objective, best_row: Row, best: float, row: Row, value: float, floor: SpeedFloor
+    objective: _Objective, best_row: Row, best: float, row: Row, value: float, floors: Floors
 ) -> bool:
-    """Reads the same as the best, or lies within the speed objectives' A/A noise floor, or
-    within the larger measured spread."""
+    """Reads the same as the best, or lies within the objective's A/A noise floor (speed's or
+    memory's), or within the larger measured spread."""
     if objective.shown(value) == objective.shown(best):
         return True
-    if objective.key in SPEED_OBJECTIVES and within_floor(objective.key, best, value, floor):
+    if floors.within(objective.key, best, value):
         return True
     if objective.spread is None:
         return False
@@ -314,23 +339,37 @@ def _recommend(
     target: Optional[float],
     device: str,
     verdicts: Mapping[str, str],
-    floor: SpeedFloor,
+    floors: Floors,
 ) -> Recommendation:
     turns = []  # ranks that took turns on one GPU: their time is no speed (recorder.shared_note)
+    busy: list[tuple[Row, float]] = []  # timed on a machine too busy to time them: shown only
     if objective.key in SPEED_OBJECTIVES:
         turns = [r["strategy"] for r in rows if r.get("shared_devices")]
         rows = [r for r in rows if not r.get("shared_devices")]
+        busy = [
+            (r, v)
+            for r in rows
+            if (v := objective.value(r)) is not None and machine_busy(r, objective.key) is not None
+        ]
+        rows = [r for r in rows if all(r is not b for b, _ in busy)]
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
     missing = [r["strategy"] for r in rows if objective.value(r) is None]
-    left_out = f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"
+    left_out = [
+        *([f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"] * bool(turns)),
+        *(
+            f"machine busy: not ranked: {objective.describe(r, v)} ({busy_words(r, objective.key)})"
+            for r, v in busy
+        ),
+    ]
 
     def none(*reasons: str) -> Recommendation:
-        said = (*reasons, left_out) if turns else reasons
-        return Recommendation(objective.key, objective.title, (), said)
+        return Recommendation(objective.key, objective.title, (), (*reasons, *left_out))
 
     if objective.key == "fastest_to_target":
         if target is None:
             return none("no target set (report.target_accuracy): nothing to reach")
+        if not measured and busy:
+            return none("every strategy that reached it ran on a busy machine")
         if not measured:
             top = max(rows, key=lambda r: r["test_acc"])
             return none(
@@ -349,6 +388,8 @@ def _recommend(
             for r in rows
             if objective.value(r) is None
         )
+        if not measured and busy:
+            return none("every strategy timed ran on a busy machine")
         if not measured:
             noted = any(r.get("speed_note") for r in rows)
             return none("no strategy has this figure", *([missing_text] if noted else []))
@@ -360,7 +401,7 @@ def _recommend(
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
     best_row, best = ranked[0]
-    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v, floor)]
+    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v, floors)]
     tied = {id(r) for r, _ in winners}  # not always the first ones: each has its own spread
     rest = [(r, v) for r, v in ranked if id(r) not in tied]
     names = tuple(r["strategy"] for r, _ in winners)
@@ -368,7 +409,7 @@ def _recommend(
     reasons = []
     if len(winners) > 1:
         cells = "; ".join(objective.describe(r, v) for r, v in winners)
-        reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floor)} ({cells})")
+        reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floors)} ({cells})")
     if pick != names[0]:
         alike = len({r["n_devices"] for r, _ in winners}) == 1
         why = "the simplest of them" if alike else "the simplest on the fewest devices"
@@ -403,28 +444,27 @@ def _recommend(
         if differ:
             reasons.append(differ)
     if objective.key in SPEED_OBJECTIVES and len(measured) > 1:
-        reasons += filter(None, [floor_reason(objective.key, floor)])
+        reasons += filter(None, [floor_reason(objective.key, floors.speed)])
+    if objective.key in MEMORY_OBJECTIVES and len(measured) > 1:
+        reasons += filter(None, [memory_noise.floor_reason(floors.memory)])
     if objective.spread is not None and len(measured) > 1:
         reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
-    if turns:
-        reasons.append(left_out)
+    reasons += left_out
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
     return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy, pick)
 
 
 def _tie_kind(
-    objective: _Objective, winners: list[tuple[Row, float]], best: float, floor: SpeedFloor
+    objective: _Objective, winners: list[tuple[Row, float]], best: float, floors: Floors
 ) -> str:
     """How tied strategies tie: "" (their figures read the same), " within the noise floor"
     (the A/A group's), or " within the spread" (the epoch-to-epoch one)."""
     inexact = [v for _, v in winners if objective.shown(v) != objective.shown(best)]
     if not inexact:
         return ""
-    floored = objective.key in SPEED_OBJECTIVES and all(
-        within_floor(objective.key, best, v, floor) for v in inexact
-    )
+    floored = all(floors.within(objective.key, best, v) for v in inexact)
     return " within the noise floor" if floored else " within the spread"
 
 
@@ -527,8 +567,17 @@ def _notes_claim(
         "acc_verdict": verdict,
         "same_computation": "dp" in floor.group,
     }
+    # within the floor the table judges its speedup by, the claim line says so too: a tie
+    within = speedup_within_noise(dp, single, floor)
+    busy = [n for n, r in ((BASELINE, single), ("dp", dp)) if machine_busy(r, "throughput")]
+    measured["speedup_within_noise"] = bool(within)
+    measured["machine_busy"] = busy
     # on one device dp is single's computation: its speedup is the A/A pair's noise
     aa = " (the same computation here: an A/A pair, so noise)" if "dp" in floor.group else ""
+    if within:
+        aa += f", within noise (the noise floor {floor.floor('throughput'):.1%}: a tie)"
+    if busy:
+        aa += f", machine busy: not ranked ({' and '.join(busy)})"
     return (
         f"{claim} Here: dp on {count(dp)} vs single on {count(single)}: {up:.2f}x per "
         f"steady epoch{aa} ({single['steady_epoch_s']:.2f} s -> {dp['steady_epoch_s']:.2f} s); "
@@ -560,14 +609,17 @@ def recommend(
     }
     device = "GPU" if rows[0].get("memory_kind") == "gpu" else "process"
     floor = speed_floor(rows)
+    floors = Floors(floor, memory_floor(rows))
     recommendations = tuple(
-        _recommend(objective, rows, target, device, verdicts, floor)
+        _recommend(objective, rows, target, device, verdicts, floors)
         for objective in _objectives(target, device)
     )
     claim, measured = _notes_claim(rows, spreads, floor)
     counts = {n: len(seeds.get(n) or {}) for n in spreads}
     noise = _noise_text(spreads, counts)
-    return Answer(hardware(rows), recommendations, noise, claim, measured, floor)
+    return Answer(
+        hardware(rows), recommendations, noise, claim, measured, floor, floors.memory
+    )
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -678,6 +730,7 @@ def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[s
         },
         "noise": answer.noise,
         "speed_noise": {"text": answer.speed_noise, **answer.floor.to_json()},
+        "memory_noise": answer.memory_floor.to_json(),
         "notes_claim": {
             "text": answer.notes_claim,
             "notes": dict(NOTES_CLAIM),
