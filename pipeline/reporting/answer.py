@@ -114,6 +114,9 @@ class Recommendation:
     # the one of `strategies` whose model stands for the objective in MLflow (`tie_pick`);
     # None where it recommends none
     pick: Optional[str] = None
+    # the report's one line for it, after its title: the pick, the figure that decides it,
+    # and whether it is a tie or unranked and why, in a few words
+    headline: str = ""
 
 
 @dataclass(frozen=True)
@@ -355,15 +358,27 @@ def _recommend(
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
     missing = [r["strategy"] for r in rows if objective.value(r) is None]
     left_out = [
-        *([f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"] * bool(turns)),
+        *(
+            [f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"]
+            * bool(turns)
+        ),
         *(
             f"machine busy: not ranked: {objective.describe(r, v)} ({busy_words(r, objective.key)})"
             for r, v in busy
         ),
     ]
 
+    unranked = [
+        *([f"not ranked, shared a GPU: {_and(turns)}"] if turns else []),
+        *([f"not ranked, machine busy: {_and([r['strategy'] for r, _ in busy])}"] if busy else []),
+    ]
+
     def none(*reasons: str) -> Recommendation:
-        return Recommendation(objective.key, objective.title, (), (*reasons, *left_out))
+        why = reasons[0].removesuffix("; none recommended for it")
+        line = "; ".join(["none", why, *unranked])
+        return Recommendation(
+            objective.key, objective.title, (), (*reasons, *left_out), headline=line
+        )
 
     if objective.key == "fastest_to_target":
         if target is None:
@@ -453,7 +468,33 @@ def _recommend(
         reasons.append(missing_text)
     reasons += left_out
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
-    return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy, pick)
+    pick_row, pick_value = next((r, v) for r, v in winners if r["strategy"] == pick)
+    status = [f"{pick} {objective.describe(pick_row, pick_value).removeprefix(pick + ' ')}"]
+    if len(winners) > 1:
+        kind = _tie_kind(objective, winners, best, floors)
+        bound = _floor_of(objective.key, floors) if kind == " within the noise floor" else None
+        status.append(
+            f"a tie{kind}{f' {bound:.1%}' if bound is not None else ''} with "
+            f"{_and([n for n in names if n != pick])}"
+        )
+    elif rest:
+        runner = rest[0][0]
+        spreads = [r.get(objective.spread) for r in (best_row, runner)] if objective.spread else []
+        tested = _floor_of(objective.key, floors) is not None or any(x is not None for x in spreads)
+        status.append(
+            f"ahead of {runner['strategy']} "
+            + ("beyond the noise" if tested else "(not tested against noise)")
+        )
+    line = "; ".join([*status, *unranked])
+    return Recommendation(
+        objective.key, objective.title, names, tuple(reasons), accuracy, pick, line
+    )
+
+
+def _floor_of(objective: str, floors: Floors) -> Optional[float]:
+    if objective in SPEED_OBJECTIVES:
+        return floors.speed.floor(objective)
+    return floors.memory.floor if objective in MEMORY_OBJECTIVES else None
 
 
 def _tie_kind(
@@ -617,9 +658,7 @@ def recommend(
     claim, measured = _notes_claim(rows, spreads, floor)
     counts = {n: len(seeds.get(n) or {}) for n in spreads}
     noise = _noise_text(spreads, counts)
-    return Answer(
-        hardware(rows), recommendations, noise, claim, measured, floor, floors.memory
-    )
+    return Answer(hardware(rows), recommendations, noise, claim, measured, floor, floors.memory)
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -648,8 +687,22 @@ def _title(r: Recommendation) -> str:
     return f"{r.title}: {_and(r.strategies) if r.strategies else 'none'}"
 
 
+def headlines(answer: Answer) -> list[tuple[str, str]]:
+    """The answer on one screen: (title, line) per objective (its headline), and one per
+    strategy that did not fit."""
+    return [(r.title, r.headline) for r in answer.recommendations] + [
+        ("Did not fit", name) for name, _ in answer.unfit
+    ]
+
+
+# what folds beneath the headline lines
+DETAILS = "Why: the rankings, noise floors and spreads of each objective"
+
+
 def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
     lines = [f"## Which strategy on this hardware: {answer.hardware}", ""]
+    lines += [f"- **{title}**: {line}" for title, line in headlines(answer)]
+    lines += ["", f"### {DETAILS}", ""]
     for r in answer.recommendations:
         lines.append(f"- **{_title(r)}**")
         lines += [f"  - {reason}" for reason in r.reasons]
@@ -702,16 +755,33 @@ def html_section(answer: Answer, registered: Optional[Registration] = None) -> s
         for name, line in answer.unfit
     ]
     model = _model_line(registered)
+    heads = "".join(
+        f"<li><b>{esc(r.title)}</b>: {_head_pick(r, esc)}</li>" for r in answer.recommendations
+    ) + "".join(
+        f"<li><b>Did not fit</b>: <span class=none>{esc(name)}</span></li>"
+        for name, _ in answer.unfit
+    )
     return (
         '<section class="answer">\n'
         f"<h2>Which strategy on this hardware: {esc(answer.hardware)}</h2>\n"
+        f'<ul class="headlines">{heads}</ul>\n'
+        f"<details><summary>{esc(DETAILS)}</summary>\n"
         f"<ul>{''.join(items)}</ul>\n"
         f'<p class="noise">{esc(answer.speed_noise)}</p>\n'
         f'<p class="noise">{esc(answer.noise)}</p>\n'
         f'<p class="claim">{esc(answer.notes_claim)}</p>\n'
         + (f'<p class="model">{esc(model)}</p>\n' if model else "")
-        + "</section>"
+        + "</details>\n</section>"
     )
+
+
+def _head_pick(r: Recommendation, esc: Callable[[str], str]) -> str:
+    """A headline's pick highlighted: the text up to its first "; " (the pick and its figure),
+    then the rest (a tie, the unranked)."""
+    first, sep, rest = r.headline.partition("; ")
+    name, _, figure = first.partition(" ")
+    css = "pick" if r.pick is not None else "none"
+    return f"<span class={css}>{esc(name)}</span> {esc(figure)}{esc(sep + rest)}"
 
 
 def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[str, Any]:

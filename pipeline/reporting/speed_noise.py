@@ -174,9 +174,7 @@ def speed_floor(rows: Sequence[Row]) -> SpeedFloor:
         }
         figures[objective] = measured
         aa[objective] = relative_spread(list(measured.values()))
-        timed = [
-            r for r in rows if r.get(key) is not None and machine_busy(r, objective) is None
-        ]
+        timed = [r for r in rows if r.get(key) is not None and machine_busy(r, objective) is None]
         waits[objective] = {
             r["strategy"]: r[LOADS[objective]] for r in timed if r.get(LOADS[objective]) is not None
         }

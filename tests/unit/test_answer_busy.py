@@ -104,12 +104,12 @@ def test_an_efficiency_above_100_percent_is_flagged_with_its_likely_cause():
     assert cell.startswith("4.00x (200%, above 100%: likely the machine's load")
     assert "4.00x!" in table.text_table(rows, None)
     # without a load difference to blame: the batch share's caches, or a slowed single
-    quiet = rows_of(
-        run("single", [3, 4.0, 4.0]), run("ddp", [3, 1.0, 1.0], devices=["cpu", "cpu"])
-    )
+    quiet = rows_of(run("single", [3, 4.0, 4.0]), run("ddp", [3, 1.0, 1.0], devices=["cpu", "cpu"]))
     assert quiet[1]["above_linear"].startswith("above 100%: likely each device's smaller share")
     # at or below 100%: nothing said
-    assert rows_of(run("single", [3, 2.0, 2.0]), run("ddp", [3, 2.0, 2.0]))[1]["above_linear"] is None
+    assert (
+        rows_of(run("single", [3, 2.0, 2.0]), run("ddp", [3, 2.0, 2.0]))[1]["above_linear"] is None
+    )
 
 
 def test_a_predicted_efficiency_above_100_percent_is_flagged():

@@ -129,3 +129,42 @@ def test_the_notes_claim_line_says_within_noise_where_the_table_does():
     )
     claim = answer.recommend(beyond, None).notes_claim
     assert "2.00x per steady epoch (" in claim and "within noise (the noise floor" not in claim
+
+
+# --- the answer on one screen (issue 68, goal 7) ---------------------------------------------
+
+
+def test_the_answer_opens_with_one_line_per_objective():
+    rows = the_issues_runs(ORDER)
+    rows[3]["steady_core_wait"] = 0.7  # ddp's steady epochs waited 70% for a core
+    a = answer.recommend(rows, 0.79)
+    assert answer.headlines(a) == [
+        (
+            "Fastest to test accuracy 0.79",
+            "none; no strategy reached test accuracy 0.79 (the highest final: single 0.8000)",
+        ),
+        (
+            "Highest throughput",
+            "pipeline_parallel 3333 samples/s; ahead of single beyond the "
+            "noise; not ranked, machine busy: ddp",
+        ),
+        (
+            "Lowest per-device peak memory",
+            "pipeline_parallel 701 MiB (cpu0); ahead of dp beyond the noise",
+        ),
+        (
+            "Most even memory across devices",
+            "ddp 1.02 over 2 processes; a tie within the noise floor 3.9% with pipeline_parallel",
+        ),
+    ]
+    md = answer.markdown(a)
+    top, _, below = md.partition(f"### {answer.DETAILS}")
+    assert top.count("\n- **") == 4 and "noise floor 3.9% (A/A" not in top
+    assert "- **Most even memory across devices: pipeline_parallel and ddp**" in below
+    page = answer.html_section(a)
+    heads, _, folded = page.partition("<details>")
+    assert '<ul class="headlines">' in heads and "ranking:" not in heads
+    assert "<li><b>Highest throughput</b>: <span class=pick>pipeline_parallel</span>" in heads
+    assert "<li><b>Fastest to test accuracy 0.79</b>: <span class=none>none</span>" in heads
+    assert folded.startswith(f"<summary>{answer.DETAILS}</summary>")
+    assert "ranking: " in folded and folded.endswith("</details>\n</section>")
