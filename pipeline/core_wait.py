@@ -70,3 +70,31 @@ def busy(share: Optional[float]) -> bool:
     """Whether a run that waited `share` of its runnable time for a core ran on a machine
     too busy to time it; False where nothing was measured."""
     return share is not None and share > BUSY_WAIT
+
+
+def others_runnable(loadavg: Path = Path("/proc/loadavg"), reads: int = 5) -> Optional[float]:
+    """How many threads of other processes are runnable right now (the median of a few
+    reads of the kernel's count, which includes the reader): what a launch would share the
+    cores with. None where the kernel does not say (macOS)."""
+    counts = []
+    for _ in range(reads):
+        try:
+            running = int(loadavg.read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(running - 1)
+        os.sched_yield()  # let a thread that is runnable show up in the next read
+    return float(sorted(counts)[len(counts) // 2])
+
+
+def threads_per_process(cores: int, nproc: int, others: Optional[float]) -> int:
+    """OpenMP threads for each of `nproc` processes on `cores` cores beside `others` runnable
+    threads: the cores' even share where they are free, one thread where they are not.
+    Measured (benchmarks/omp_threads.py, docs/performance.md "Threads per process"): beside a
+    busy process, two threads of one process on 2 cores ran a training step 2 to 3 times
+    slower than one thread (OpenMP's threads spin waiting for each other while the other
+    has no core), idle they run it faster."""
+    share = max(1, cores // nproc)
+    if others is None:
+        return share
+    return max(1, min(share, int(cores - others) // nproc))
