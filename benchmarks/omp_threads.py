@@ -104,7 +104,7 @@ def trial(threads: int, busy: int, args: argparse.Namespace) -> dict[str, Any]:
 def summary(trials: list[dict[str, Any]], loads: dict[str, int]) -> dict[str, Any]:
     """Per load and thread count: the median step seconds and core wait over the rounds;
     per load, each thread count's step seconds over the fewest threads'."""
-    cells: dict[str, dict[str, dict[str, float]]] = {}
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
     for label, busy in loads.items():
         mine = [t for t in trials if t["busy_processes"] == busy]
         for n in sorted({t["threads"] for t in mine}):

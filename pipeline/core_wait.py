@@ -59,10 +59,9 @@ def wait_share(before: Optional[Times], after: Optional[Times]) -> Optional[floa
 # Beyond this share of its runnable time spent waiting for a core, a run's time is the
 # machine's more than the strategy's, and the report shows its speed without ranking it
 # (reporting/answer.py, "machine busy: not ranked"). Chosen from benchmarks/omp_threads.py
-# (docs/performance.md "Threads per process"): up to it, 1 / (1 - w) accounts for the
-# slowdown a busy neighbour causes to within the A/A floor's 20 to 30%; beyond it the
-# slowdown outgrows it (OpenMP's threads wait for each other on oversubscribed cores), so
-# no correction or floor can make two such runs comparable.
+# (docs/performance.md "Threads per process"): a run's time is 1 / (1 - w) its own, and the
+# wait's own round-to-round spread there (0.13) moves it by 0.13 / (1 - w): 26% at 0.5, the
+# A/A floor's 20 to 30%; beyond, more than any floor allows (65% at 0.8).
 BUSY_WAIT = 0.5
 
 
@@ -90,10 +89,11 @@ def others_runnable(loadavg: Path = Path("/proc/loadavg"), reads: int = 5) -> Op
 def threads_per_process(cores: int, nproc: int, others: Optional[float]) -> int:
     """OpenMP threads for each of `nproc` processes on `cores` cores beside `others` runnable
     threads: the cores' even share where they are free, one thread where they are not.
-    Measured (benchmarks/omp_threads.py, docs/performance.md "Threads per process"): beside a
-    busy process, two threads of one process on 2 cores ran a training step 2 to 3 times
-    slower than one thread (OpenMP's threads spin waiting for each other while the other
-    has no core), idle they run it faster."""
+    Measured (benchmarks/omp_threads.py, docs/performance.md "Threads per process"): on 2
+    cores under load, two threads of one process ran a training step 1.05 to 3.4 times
+    slower than one thread (OpenMP's threads spin waiting for each other while one has no
+    core). Where the cores are free no thread waits for one: the even share is kept there
+    (the shared machine gave no idle run to measure it against)."""
     share = max(1, cores // nproc)
     if others is None:
         return share
