@@ -43,6 +43,7 @@ from typing import Any, Optional
 from pipeline.reporting import memory_noise
 from pipeline.reporting.memory_noise import MemoryFloor, memory_floor
 from pipeline.reporting.speed_noise import (
+    LOADS,
     SpeedFloor,
     busy_words,
     floor_reason,
@@ -372,10 +373,17 @@ def _recommend(
         *([f"not ranked, shared a GPU: {_and(turns)}"] if turns else []),
         *([f"not ranked, machine busy: {_and([r['strategy'] for r, _ in busy])}"] if busy else []),
     ]
+    waits = [r[LOADS[objective.key]] for r, _ in busy]
+    all_busy = (
+        f"every strategy {'that reached it' if objective.key == 'fastest_to_target' else 'timed'} "
+        f"ran on a busy machine (waited {min(waits, default=0):.0%} to {max(waits, default=0):.0%}"
+        " of its runnable time for a core)"
+    )
 
     def none(*reasons: str) -> Recommendation:
         why = reasons[0].removesuffix("; none recommended for it")
-        line = "; ".join(["none", why, *unranked])
+        # where every strategy was busy, the reason names them all
+        line = "; ".join(["none", why, *(unranked if why != all_busy else unranked[:-1])])
         return Recommendation(
             objective.key, objective.title, (), (*reasons, *left_out), headline=line
         )
@@ -384,7 +392,7 @@ def _recommend(
         if target is None:
             return none("no target set (report.target_accuracy): nothing to reach")
         if not measured and busy:
-            return none("every strategy that reached it ran on a busy machine")
+            return none(all_busy)
         if not measured:
             top = max(rows, key=lambda r: r["test_acc"])
             return none(
@@ -404,7 +412,7 @@ def _recommend(
             if objective.value(r) is None
         )
         if not measured and busy:
-            return none("every strategy timed ran on a busy machine")
+            return none(all_busy)
         if not measured:
             noted = any(r.get("speed_note") for r in rows)
             return none("no strategy has this figure", *([missing_text] if noted else []))
@@ -781,7 +789,8 @@ def _head_pick(r: Recommendation, esc: Callable[[str], str]) -> str:
     first, sep, rest = r.headline.partition("; ")
     name, _, figure = first.partition(" ")
     css = "pick" if r.pick is not None else "none"
-    return f"<span class={css}>{esc(name)}</span> {esc(figure)}{esc(sep + rest)}"
+    figure = f" {esc(figure)}" if figure else ""
+    return f"<span class={css}>{esc(name)}</span>{figure}{esc(sep + rest)}"
 
 
 def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[str, Any]:

@@ -72,7 +72,11 @@ def test_every_run_busy_ranks_nothing_and_says_why():
     rows = rows_of(run("single", [3, 2.0, 2.0], waits=BUSY), run("ddp", [3, 1.0, 1.0], waits=BUSY))
     throughput = by_objective(rows)["throughput"]
     assert throughput.strategies == () and throughput.pick is None
-    assert throughput.reasons[0] == "every strategy timed ran on a busy machine"
+    assert throughput.reasons[0] == (
+        "every strategy timed ran on a busy machine (waited 72% to 72% of its runnable time for "
+        "a core)"
+    )
+    assert throughput.headline == f"none; {throughput.reasons[0]}"
     assert [r.startswith("machine busy: not ranked: ") for r in throughput.reasons[1:]] == [
         True,
         True,
