@@ -5,8 +5,12 @@ The A/A group (speed_noise.null_group: single and the strategies that ran its ve
 computation here, in processes of their own) holds the same model, optimizer state and
 batches, so its training peaks differ only by the noise of measuring a process's memory: on
 a CPU a process's RSS moves by tens of MiB with what the allocator and the imports happened
-to keep (issue 68: ddp's two ranks, alike by construction, peaked at 783 and 755 MiB). The
-group's largest relative difference of its busiest-device peaks is the memory floor:
+to keep (issue 68: ddp's two ranks, alike by construction, peaked at 783 and 755 MiB). Two
+measurements of that noise come from the group: its members' largest relative difference of
+their busiest-device peaks (across runs), and each member's epoch-to-epoch spread of that peak
+relative to it (across the epochs of one run, which compute the same). The memory floor is the
+larger: three processes' peaks alone came out 9.5% apart in one quickstart and 2.3% in the
+next, while the members' own epochs moved by 5 to 8% in both (docs/report.md):
 
 - peak memory: two strategies tie when their peaks' ratio, higher over lower, is within it;
 - memory balance: the imbalance (max / mean over a strategy's devices) of ranks that are alike
@@ -20,7 +24,7 @@ epoch-to-epoch spreads alone judge (answer.py), as before.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pipeline.reporting.speed_noise import null_group, relative_spread
@@ -35,16 +39,35 @@ class MemoryFloor:
     group: tuple[str, ...]
     peaks: dict[str, float]
     floor: Optional[float]
+    # the members' epoch-to-epoch spread of that peak, relative to it (where measured), and
+    # the group's spread across runs alone
+    epochs: dict[str, float] = field(default_factory=dict)
+    across: Optional[float] = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"group": list(self.group), "peaks_mib": self.peaks, "floor": self.floor}
+        return {
+            "group": list(self.group),
+            "peaks_mib": self.peaks,
+            "floor": self.floor,
+            "across_runs": self.across,
+            "epoch_spreads": self.epochs,
+        }
 
 
 def memory_floor(rows: Sequence[Row]) -> MemoryFloor:
     group, _ = null_group(rows)
     by_name = {r["strategy"]: r for r in rows}
     peaks = {n: top[1] for n in group if (top := busiest(by_name[n])) is not None}
-    return MemoryFloor(group, peaks, relative_spread(list(peaks.values())))
+    if len(peaks) < 2:  # no A/A group: no floor, whatever one run's epochs say
+        return MemoryFloor(group, peaks, None)
+    epochs = {
+        n: by_name[n]["peak_memory_spread_mib"] / mib
+        for n, mib in peaks.items()
+        if by_name[n].get("peak_memory_spread_mib") is not None and mib > 0
+    }
+    across = relative_spread(list(peaks.values()))
+    known = [x for x in (across, *epochs.values()) if x is not None]
+    return MemoryFloor(group, peaks, max(known) if known else None, epochs, across)
 
 
 def within(objective: str, best: float, value: float, floor: MemoryFloor) -> bool:
@@ -64,7 +87,9 @@ def floor_reason(floor: MemoryFloor) -> Optional[str]:
     cells = ", ".join(f"{n} {mib:.0f} MiB" for n, mib in floor.peaks.items())
     names = list(floor.peaks)
     joined = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    epochs = ", ".join(f"{n} {x:.1%}" for n, x in floor.epochs.items())
+    moved = f"; their epochs' peaks moved by {epochs}" if epochs else ""
     return (
         f"memory noise floor {floor.floor:.1%} (A/A: {joined}, the same computation here, "
-        f"peaked at {cells}): a difference within it is a tie"
+        f"peaked at {cells}{moved}): a difference within it is a tie"
     )

@@ -168,3 +168,51 @@ def test_the_answer_opens_with_one_line_per_objective():
     assert "<li><b>Fastest to test accuracy 0.79</b>: <span class=none>none</span>" in heads
     assert folded.startswith(f"<summary>{answer.DETAILS}</summary>")
     assert "ranking: " in folded and folded.endswith("</details>\n</section>")
+
+
+def test_the_members_own_epochs_widen_the_floor():
+    """The two orders of issue 68's quickstart, in their measured peaks (MiB) and epoch spreads:
+    the group's peaks came out 9.5% apart in one and 2.3% in the other, their epochs moved by
+    up to 7.8% and 7.4%; pipeline_parallel's peak, 6.6% under ddp's in the second, is a tie in
+    both once the epochs count."""
+    measured = {
+        "forward": {
+            "single": ({"cpu0": 1033.8}, 59.6),
+            "dp": ({"cpu0": 1071.8}, 84.0),
+            "balanced_dp": ({"cpu0": 979.0}, 50.9),
+            "ddp": ({"cpu0": 858.1, "cpu1": 860.5}, 6.0),
+            "pipeline_parallel": ({"cpu0": 817.1, "cpu1": 791.7}, 6.1),
+        },
+        "reverse": {
+            "single": ({"cpu0": 1035.4}, 64.7),
+            "dp": ({"cpu0": 1037.0}, 77.0),
+            "balanced_dp": ({"cpu0": 1013.6}, 34.3),
+            "ddp": ({"cpu0": 872.8, "cpu1": 877.3}, 29.8),
+            "pipeline_parallel": ({"cpu0": 823.1, "cpu1": 786.1}, 8.9),
+        },
+    }
+    answers = {}
+    for order, runs in measured.items():
+        names = ORDER if order == "forward" else ORDER[::-1]
+        rows = rows_of(
+            *(
+                with_memory(run(n, [3, 2.0, 2.0], CPU2 if len(runs[n][0]) > 1 else None), *runs[n])
+                for n in names
+            )
+        )
+        floor = memory_noise.memory_floor(rows)
+        answers[order] = picks(rows)["peak_memory"]
+        if order == "reverse":
+            assert floor.across == pytest.approx(1037.0 / 1013.6 - 1)  # 2.3% alone
+            assert floor.floor == pytest.approx(77.0 / 1037.0)  # dp's epochs: 7.4%
+            assert "their epochs' peaks moved by single 6.2%, dp 7.4%" in (
+                memory_noise.floor_reason(floor) or ""
+            )
+    assert (
+        answers["forward"]
+        == answers["reverse"]
+        == (
+            frozenset({"ddp", "pipeline_parallel"}),
+            "ddp",
+        )
+    )
