@@ -54,3 +54,47 @@ def wait_share(before: Optional[Times], after: Optional[Times]) -> Optional[floa
         r0, w0 = before.get(thread, (0, 0))
         ran, waited = ran + r - r0, waited + w - w0
     return waited / (ran + waited) if ran + waited > 0 else None
+
+
+# Beyond this share of its runnable time spent waiting for a core, a run's time is the
+# machine's more than the strategy's, and the report shows its speed without ranking it
+# (reporting/answer.py, "machine busy: not ranked"). Chosen from benchmarks/omp_threads.py
+# (docs/performance.md "Threads per process"): a run's time is 1 / (1 - w) its own, and the
+# wait's own round-to-round spread there (0.13) moves it by 0.13 / (1 - w): 26% at 0.5, the
+# A/A floor's 20 to 30%; beyond, more than any floor allows (65% at 0.8).
+BUSY_WAIT = 0.5
+
+
+def busy(share: Optional[float]) -> bool:
+    """Whether a run that waited `share` of its runnable time for a core ran on a machine
+    too busy to time it; False where nothing was measured."""
+    return share is not None and share > BUSY_WAIT
+
+
+def others_runnable(loadavg: Path = Path("/proc/loadavg"), reads: int = 5) -> Optional[float]:
+    """How many threads of other processes are runnable right now (the median of a few
+    reads of the kernel's count, which includes the reader): what a launch would share the
+    cores with. None where the kernel does not say (macOS)."""
+    counts = []
+    for _ in range(reads):
+        try:
+            running = int(loadavg.read_text().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        counts.append(running - 1)
+        os.sched_yield()  # let a thread that is runnable show up in the next read
+    return float(sorted(counts)[len(counts) // 2])
+
+
+def threads_per_process(cores: int, nproc: int, others: Optional[float]) -> int:
+    """OpenMP threads for each of `nproc` processes on `cores` cores beside `others` runnable
+    threads: the cores' even share where they are free, one thread where they are not.
+    Measured (benchmarks/omp_threads.py, docs/performance.md "Threads per process"): on 2
+    cores under load, two threads of one process ran a training step 1.05 to 3.4 times
+    slower than one thread (OpenMP's threads spin waiting for each other while one has no
+    core). Where the cores are free no thread waits for one: the even share is kept there
+    (the shared machine gave no idle run to measure it against)."""
+    share = max(1, cores // nproc)
+    if others is None:
+        return share
+    return max(1, min(share, int(cores - others) // nproc))

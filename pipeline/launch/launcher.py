@@ -35,6 +35,7 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.checkpoints.identity import code_digests
 from pipeline.config import Config
 from pipeline.context import PLACEMENT_ENV
+from pipeline.core_wait import others_runnable, threads_per_process
 from pipeline.data.fashion_mnist import train_samples
 from pipeline.errors import (
     DISK_FULL_EXIT,
@@ -264,7 +265,10 @@ def workers_environment(
             EVENTS_ENV: str(files.events),
         }
     )
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # the cores' even share where they are free, one thread a process where other work
+    # holds them: OpenMP's threads on a busy core wait for each other (core_wait.py)
+    threads = threads_per_process(os.cpu_count() or 1, nproc, others_runnable())
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     # a repeat run loads what an earlier one compiled instead of compiling again (issue 29),
     # in a container too, where the repository is the mount that outlives it; where the user
     # named a cache, theirs

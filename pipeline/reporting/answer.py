@@ -11,8 +11,10 @@ Objectives (a strategy missing the figure is left out of that objective and name
                      strategies that spread over more than one device
 Two strategies tie when their figures read the same at the precision the report shows them;
 in the speed objectives when their ratio lies within the A/A noise floor (speed_noise.py: how
-far apart single and the strategies that ran its very computation here came out); and, in the
-memory rankings and throughput, when they differ by no more than the larger of the
+far apart single and the strategies that ran its very computation here came out; a run the
+machine was too busy to time is shown, not ranked); in the memory objectives when they lie
+within the memory floor (memory_noise.py: how far apart the same A/A group's peaks came out);
+and, in the memory rankings and throughput, when they differ by no more than the larger of the
 two strategies' epoch-to-epoch spreads of that figure (pipeline.memory.spreads: the noise of
 one run's memory measurement; results.steady_spread: the max - min of samples/s over the
 steady epochs); tied strategies are all recommended, the best exact figure first, and the one
@@ -38,12 +40,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeline.reporting import memory_noise
+from pipeline.reporting.memory_noise import MemoryFloor, memory_floor
 from pipeline.reporting.notes_accuracy import drop_explained
 from pipeline.reporting.speed_noise import (
+    LOADS,
     SpeedFloor,
+    busy_words,
     floor_reason,
     floor_text,
+    machine_busy,
     speed_floor,
+    speedup_within_noise,
     within_floor,
 )
 from pipeline.reporting.table import BASELINE, Row, features_text
@@ -76,6 +84,23 @@ OBJECTIVE_ALIASES = {
 }
 # the objectives that compare speed, which the speed options (compile, CUDA graphs) change
 SPEED_OBJECTIVES = ("fastest_to_target", "throughput")
+# the objectives judged against the memory floor (memory_noise.py)
+MEMORY_OBJECTIVES = ("peak_memory", "memory_balance")
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The noise floors the objectives are judged against: speed's and memory's A/A."""
+
+    speed: SpeedFloor
+    memory: MemoryFloor
+
+    def within(self, objective: str, best: float, value: float) -> bool:
+        if objective in SPEED_OBJECTIVES:
+            return within_floor(objective, best, value, self.speed)
+        if objective in MEMORY_OBJECTIVES:
+            return memory_noise.within(objective, best, value, self.memory)
+        return False
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,9 @@ class Recommendation:
     # the one of `strategies` whose model stands for the objective in MLflow (`tie_pick`);
     # None where it recommends none
     pick: Optional[str] = None
+    # the report's one line for it, after its title: the pick, the figure that decides it,
+    # and whether it is a tie or unranked and why, in a few words
+    headline: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,6 +129,7 @@ class Answer:
     notes_claim: str  # the source notes' dp claim beside what was measured here
     notes_measured: dict[str, Any] = field(default_factory=dict)
     floor: SpeedFloor = field(default_factory=lambda: SpeedFloor((), {}, {}))  # speed's A/A
+    memory_floor: MemoryFloor = field(default_factory=lambda: MemoryFloor((), {}, None))
     # (strategy, its line) of each that ran out of device memory: ranked in nothing, said
     # beside the picks (pipeline/did_not_fit.py)
     unfit: tuple[tuple[str, str], ...] = ()
@@ -245,13 +274,13 @@ def _objectives(target: Optional[float], device: str) -> list[_Objective]:
 
 
 def _ties(
-    objective: _Objective, best_row: Row, best: float, row: Row, value: float, floor: SpeedFloor
+    objective: _Objective, best_row: Row, best: float, row: Row, value: float, floors: Floors
 ) -> bool:
-    """Reads the same as the best, or lies within the speed objectives' A/A noise floor, or
-    within the larger measured spread."""
+    """Reads the same as the best, or lies within the objective's A/A noise floor (speed's or
+    memory's), or within the larger measured spread."""
     if objective.shown(value) == objective.shown(best):
         return True
-    if objective.key in SPEED_OBJECTIVES and within_floor(objective.key, best, value, floor):
+    if floors.within(objective.key, best, value):
         return True
     if objective.spread is None:
         return False
@@ -315,23 +344,56 @@ def _recommend(
     target: Optional[float],
     device: str,
     verdicts: Mapping[str, str],
-    floor: SpeedFloor,
+    floors: Floors,
 ) -> Recommendation:
     turns = []  # ranks that took turns on one GPU: their time is no speed (recorder.shared_note)
+    busy: list[tuple[Row, float]] = []  # timed on a machine too busy to time them: shown only
     if objective.key in SPEED_OBJECTIVES:
         turns = [r["strategy"] for r in rows if r.get("shared_devices")]
         rows = [r for r in rows if not r.get("shared_devices")]
+        busy = [
+            (r, v)
+            for r in rows
+            if (v := objective.value(r)) is not None and machine_busy(r, objective.key) is not None
+        ]
+        rows = [r for r in rows if all(r is not b for b, _ in busy)]
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
     missing = [r["strategy"] for r in rows if objective.value(r) is None]
-    left_out = f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"
+    left_out = [
+        *(
+            [f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"]
+            * bool(turns)
+        ),
+        *(
+            f"machine busy: not ranked: {objective.describe(r, v)} ({busy_words(r, objective.key)})"
+            for r, v in busy
+        ),
+    ]
+
+    unranked = [
+        *([f"not ranked, shared a GPU: {_and(turns)}"] if turns else []),
+        *([f"not ranked, machine busy: {_and([r['strategy'] for r, _ in busy])}"] if busy else []),
+    ]
+    waits = [r[LOADS[objective.key]] for r, _ in busy]
+    all_busy = (
+        f"every strategy {'that reached it' if objective.key == 'fastest_to_target' else 'timed'} "
+        f"ran on a busy machine (waited {min(waits, default=0):.0%} to {max(waits, default=0):.0%}"
+        " of its runnable time for a core)"
+    )
 
     def none(*reasons: str) -> Recommendation:
-        said = (*reasons, left_out) if turns else reasons
-        return Recommendation(objective.key, objective.title, (), said)
+        why = reasons[0].removesuffix("; none recommended for it")
+        # where every strategy was busy, the reason names them all
+        line = "; ".join(["none", why, *(unranked if why != all_busy else unranked[:-1])])
+        return Recommendation(
+            objective.key, objective.title, (), (*reasons, *left_out), headline=line
+        )
 
     if objective.key == "fastest_to_target":
         if target is None:
             return none("no target set (report.target_accuracy): nothing to reach")
+        if not measured and busy:
+            return none(all_busy)
         if not measured:
             top = max(rows, key=lambda r: r["test_acc"])
             return none(
@@ -350,6 +412,8 @@ def _recommend(
             for r in rows
             if objective.value(r) is None
         )
+        if not measured and busy:
+            return none(all_busy)
         if not measured:
             noted = any(r.get("speed_note") for r in rows)
             return none("no strategy has this figure", *([missing_text] if noted else []))
@@ -361,7 +425,7 @@ def _recommend(
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
     best_row, best = ranked[0]
-    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v, floor)]
+    winners = [(r, v) for r, v in ranked if _ties(objective, best_row, best, r, v, floors)]
     tied = {id(r) for r, _ in winners}  # not always the first ones: each has its own spread
     rest = [(r, v) for r, v in ranked if id(r) not in tied]
     names = tuple(r["strategy"] for r, _ in winners)
@@ -369,7 +433,7 @@ def _recommend(
     reasons = []
     if len(winners) > 1:
         cells = "; ".join(objective.describe(r, v) for r, v in winners)
-        reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floor)} ({cells})")
+        reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floors)} ({cells})")
     if pick != names[0]:
         alike = len({r["n_devices"] for r, _ in winners}) == 1
         why = "the simplest of them" if alike else "the simplest on the fewest devices"
@@ -404,28 +468,53 @@ def _recommend(
         if differ:
             reasons.append(differ)
     if objective.key in SPEED_OBJECTIVES and len(measured) > 1:
-        reasons += filter(None, [floor_reason(objective.key, floor)])
+        reasons += filter(None, [floor_reason(objective.key, floors.speed)])
+    if objective.key in MEMORY_OBJECTIVES and len(measured) > 1:
+        reasons += filter(None, [memory_noise.floor_reason(floors.memory)])
     if objective.spread is not None and len(measured) > 1:
         reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
         reasons.append(missing_text)
-    if turns:
-        reasons.append(left_out)
+    reasons += left_out
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
-    return Recommendation(objective.key, objective.title, names, tuple(reasons), accuracy, pick)
+    pick_row, pick_value = next((r, v) for r, v in winners if r["strategy"] == pick)
+    status = [f"{pick} {objective.describe(pick_row, pick_value).removeprefix(pick + ' ')}"]
+    if len(winners) > 1:
+        kind = _tie_kind(objective, winners, best, floors)
+        bound = _floor_of(objective.key, floors) if kind == " within the noise floor" else None
+        status.append(
+            f"a tie{kind}{f' {bound:.1%}' if bound is not None else ''} with "
+            f"{_and([n for n in names if n != pick])}"
+        )
+    elif rest:
+        runner = rest[0][0]
+        spreads = [r.get(objective.spread) for r in (best_row, runner)] if objective.spread else []
+        tested = _floor_of(objective.key, floors) is not None or any(x is not None for x in spreads)
+        status.append(
+            f"ahead of {runner['strategy']} "
+            + ("beyond the noise" if tested else "(not tested against noise)")
+        )
+    line = "; ".join([*status, *unranked])
+    return Recommendation(
+        objective.key, objective.title, names, tuple(reasons), accuracy, pick, line
+    )
+
+
+def _floor_of(objective: str, floors: Floors) -> Optional[float]:
+    if objective in SPEED_OBJECTIVES:
+        return floors.speed.floor(objective)
+    return floors.memory.floor if objective in MEMORY_OBJECTIVES else None
 
 
 def _tie_kind(
-    objective: _Objective, winners: list[tuple[Row, float]], best: float, floor: SpeedFloor
+    objective: _Objective, winners: list[tuple[Row, float]], best: float, floors: Floors
 ) -> str:
     """How tied strategies tie: "" (their figures read the same), " within the noise floor"
     (the A/A group's), or " within the spread" (the epoch-to-epoch one)."""
     inexact = [v for _, v in winners if objective.shown(v) != objective.shown(best)]
     if not inexact:
         return ""
-    floored = objective.key in SPEED_OBJECTIVES and all(
-        within_floor(objective.key, best, v, floor) for v in inexact
-    )
+    floored = all(floors.within(objective.key, best, v) for v in inexact)
     return " within the noise floor" if floored else " within the spread"
 
 
@@ -528,8 +617,17 @@ def _notes_claim(
         "acc_verdict": verdict,
         "same_computation": "dp" in floor.group,
     }
+    # within the floor the table judges its speedup by, the claim line says so too: a tie
+    within = speedup_within_noise(dp, single, floor)
+    busy = [n for n, r in ((BASELINE, single), ("dp", dp)) if machine_busy(r, "throughput")]
+    measured["speedup_within_noise"] = bool(within)
+    measured["machine_busy"] = busy
     # on one device dp is single's computation: its speedup is the A/A pair's noise
     aa = " (the same computation here: an A/A pair, so noise)" if "dp" in floor.group else ""
+    if within:
+        aa += f", within noise (the noise floor {floor.floor('throughput'):.1%}: a tie)"
+    if busy:
+        aa += f", machine busy: not ranked ({' and '.join(busy)})"
     return (
         f"{claim} Here: dp on {count(dp)} vs single on {count(single)}: {up:.2f}x per "
         f"steady epoch{aa} ({single['steady_epoch_s']:.2f} s -> {dp['steady_epoch_s']:.2f} s); "
@@ -561,15 +659,16 @@ def recommend(
     }
     device = "GPU" if rows[0].get("memory_kind") == "gpu" else "process"
     floor = speed_floor(rows)
+    floors = Floors(floor, memory_floor(rows))
     recommendations = tuple(
-        _recommend(objective, rows, target, device, verdicts, floor)
+        _recommend(objective, rows, target, device, verdicts, floors)
         for objective in _objectives(target, device)
     )
     claim, measured = _notes_claim(rows, spreads, floor)
     claim = f"{claim} {drop_explained(rows)[0]}"  # what explains the notes' lower accuracy
     counts = {n: len(seeds.get(n) or {}) for n in spreads}
     noise = _noise_text(spreads, counts)
-    return Answer(hardware(rows), recommendations, noise, claim, measured, floor)
+    return Answer(hardware(rows), recommendations, noise, claim, measured, floor, floors.memory)
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -598,8 +697,22 @@ def _title(r: Recommendation) -> str:
     return f"{r.title}: {_and(r.strategies) if r.strategies else 'none'}"
 
 
+def headlines(answer: Answer) -> list[tuple[str, str]]:
+    """The answer on one screen: (title, line) per objective (its headline), and one per
+    strategy that did not fit."""
+    return [(r.title, r.headline) for r in answer.recommendations] + [
+        ("Did not fit", name) for name, _ in answer.unfit
+    ]
+
+
+# what folds beneath the headline lines
+DETAILS = "Why: the rankings, noise floors and spreads of each objective"
+
+
 def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
     lines = [f"## Which strategy on this hardware: {answer.hardware}", ""]
+    lines += [f"- **{title}**: {line}" for title, line in headlines(answer)]
+    lines += ["", f"### {DETAILS}", ""]
     for r in answer.recommendations:
         lines.append(f"- **{_title(r)}**")
         lines += [f"  - {reason}" for reason in r.reasons]
@@ -652,16 +765,34 @@ def html_section(answer: Answer, registered: Optional[Registration] = None) -> s
         for name, line in answer.unfit
     ]
     model = _model_line(registered)
+    heads = "".join(
+        f"<li><b>{esc(r.title)}</b>: {_head_pick(r, esc)}</li>" for r in answer.recommendations
+    ) + "".join(
+        f"<li><b>Did not fit</b>: <span class=none>{esc(name)}</span></li>"
+        for name, _ in answer.unfit
+    )
     return (
         '<section class="answer">\n'
         f"<h2>Which strategy on this hardware: {esc(answer.hardware)}</h2>\n"
+        f'<ul class="headlines">{heads}</ul>\n'
+        f"<details><summary>{esc(DETAILS)}</summary>\n"
         f"<ul>{''.join(items)}</ul>\n"
         f'<p class="noise">{esc(answer.speed_noise)}</p>\n'
         f'<p class="noise">{esc(answer.noise)}</p>\n'
         f'<p class="claim">{esc(answer.notes_claim)}</p>\n'
         + (f'<p class="model">{esc(model)}</p>\n' if model else "")
-        + "</section>"
+        + "</details>\n</section>"
     )
+
+
+def _head_pick(r: Recommendation, esc: Callable[[str], str]) -> str:
+    """A headline's pick highlighted: the text up to its first "; " (the pick and its figure),
+    then the rest (a tie, the unranked)."""
+    first, sep, rest = r.headline.partition("; ")
+    name, _, figure = first.partition(" ")
+    css = "pick" if r.pick is not None else "none"
+    figure = f" {esc(figure)}" if figure else ""
+    return f"<span class={css}>{esc(name)}</span>{figure}{esc(sep + rest)}"
 
 
 def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[str, Any]:
@@ -680,6 +811,7 @@ def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[s
         },
         "noise": answer.noise,
         "speed_noise": {"text": answer.speed_noise, **answer.floor.to_json()},
+        "memory_noise": answer.memory_floor.to_json(),
         "notes_claim": {
             "text": answer.notes_claim,
             "notes": dict(NOTES_CLAIM),

@@ -1,7 +1,9 @@
 """The report as pages: summary.md (plots linked) and index.html (plots embedded, so it opens
 from disk and can be mailed on its own). Both open with the answer (answer.py): which strategy
 to use on this hardware, per objective; the table, the per-device memory table and the plots
-follow. The page fits a 1400 px window with 8 GPUs a strategy: the main table has a fixed set
+follow. The answer's first lines are one per objective (answer.headlines); its reasons,
+rankings, floors and spreads fold beneath them (<details> in index.html, a subsection of
+summary.md). The page fits a 1400 px window with 8 GPUs a strategy: the main table has a fixed set
 of columns, the memory table a row per device, and a batch split breaks after its "+"."""
 
 from __future__ import annotations
@@ -110,8 +112,11 @@ p.mlflow {{ font-size: 15px; }}
 section.answer {{ max-width: 72em; background: #f5f8fc; border: 1px solid #c9d7ea;
   border-radius: 6px; padding: 0.4em 1.4em 0.8em; }}
 section.answer h2 {{ margin: 0.5em 0 0.4em; font-size: 1.3em; }}
-section.answer > ul {{ padding-left: 1.2em; margin: 0; }}
-section.answer > ul > li {{ margin: 0.55em 0; font-size: 15px; }}
+section.answer ul {{ padding-left: 1.2em; margin: 0; }}
+section.answer ul.headlines > li {{ margin: 0.3em 0; font-size: 15px; }}
+section.answer details {{ margin-top: 0.6em; }}
+section.answer summary {{ cursor: pointer; font-size: 13px; color: #0b5cad; }}
+section.answer details > ul > li {{ margin: 0.55em 0; font-size: 14px; }}
 section.answer li ul {{ margin: 0.15em 0; font-size: 13px; color: #444; }}
 section.answer p {{ font-size: 13px; color: #444; margin: 0.6em 0 0; }}
 section.answer p.model {{ color: #222; }}

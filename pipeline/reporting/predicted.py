@@ -199,6 +199,7 @@ def footer(predicted: dict[str, Any]) -> list[str]:
         if "checked" in row and "not_predicted" not in row  # a row not predicted: said above
     }
     lines += [f"Error band of {name}: {checked}" for name, checked in bands.items()]
+    lines += above_linear(predicted)
     memory = memory_line(predicted)
     if memory is not None:
         lines.append(memory)
@@ -270,11 +271,40 @@ def cells(
         str(row["devices_used"]),
         f"{row['predicted_epoch_s']:.2f} {band}",
         "" if speedup is None else f"{speedup:.2f}x",
-        "" if speedup is None else f"{row['predicted_efficiency']:.0%}",
+        "" if speedup is None else efficiency_cell(row["predicted_efficiency"]),
         f"{row['exposed_communication_s'] * 1000:.1f}",
         peak,
         measured,
     ]
+
+
+# why a predicted efficiency above 100% (N devices more than N times faster) is no scaling:
+# the speedup is single's measured step over the rank's measured one plus the modelled
+# communication, which only adds time
+ABOVE_LINEAR = (
+    "a predicted efficiency above 100% is none the link model makes (it only adds "
+    "communication): single's baseline step ran slower per sample than the rank's step at its "
+    "share of the batch, both measured here; likely the machine's load or threads when one "
+    "of them was timed (a busy machine's baseline inflates every speedup), else a smaller "
+    "batch's caches"
+)
+
+
+def efficiency_cell(efficiency: float) -> str:
+    """The predicted efficiency, flagged above 100% (the footer says its likely cause)."""
+    return f"{efficiency:.0%}" + (" (above 100%: see below)" if efficiency > 1 else "")
+
+
+def above_linear(predicted: dict[str, Any]) -> list[str]:
+    """(the footer's line) the strategies whose predicted efficiency is above 100%, where N
+    is, and its likely cause."""
+    cells = [
+        f"{name} on {n}"
+        for n, by_name in predicted["by_devices"].items()
+        for name, row in by_name.items()
+        if row.get("predicted_efficiency") is not None and row["predicted_efficiency"] > 1
+    ]
+    return [f"Above 100% ({', '.join(cells)}): {ABOVE_LINEAR}."] if cells else []
 
 
 def measured_cell(predicted_s: float, measured_s: float, band: float | None) -> str:

@@ -23,6 +23,10 @@ share of its runnable time its busiest rank spent waiting for a CPU core (core_w
 runs that waited w1 and w2 ran (1 - w1) / (1 - w2) apart by load alone; the largest such
 ratio between the strategies is the load floor, which widens the A/A floor (`widened`): a
 speed difference is called real only beyond both together.
+
+A run that waited more than core_wait.BUSY_WAIT of its runnable time ran on a machine too busy
+to time it (`machine_busy`): its figure is shown, but it is ranked in no speed objective, and
+neither its figure nor its wait goes into the floors the others are judged against.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeline.core_wait import BUSY_WAIT, busy
 from pipeline.reporting.table import BASELINE, Row
 
 # the strategies that, on one device, run single's computation in one process: DataParallel
@@ -135,19 +140,41 @@ def widened(aa: Optional[float], load: Optional[float]) -> Optional[float]:
     return (1 + aa) * (1 + load) - 1
 
 
+def machine_busy(row: Row, objective: str) -> Optional[float]:
+    """The core-wait share over the epochs `objective`'s figure is taken over, where it is
+    beyond core_wait.BUSY_WAIT (the machine too busy to time the run); None where it is not,
+    or was not measured."""
+    wait = row.get(LOADS[objective])
+    return wait if busy(wait) else None
+
+
+def busy_words(row: Row, objective: str) -> str:
+    """Why a busy run is not ranked, in a few words."""
+    wait = row.get(LOADS[objective]) or 0.0
+    return (
+        f"{row['strategy']} waited {wait:.0%} of its runnable time for a CPU core (beyond "
+        f"{BUSY_WAIT:.0%}, its time is the machine's more than the strategy's)"
+    )
+
+
 def speed_floor(rows: Sequence[Row]) -> SpeedFloor:
     """Each speed objective's floor: the A/A group's spread widened by the load floor over
-    every strategy with the figure."""
+    every strategy with the figure, leaving out the runs the machine was too busy to time
+    (`machine_busy`): they are ranked in nothing, so their noise sets no floor."""
     group, why = null_group(rows)
     by_name = {r["strategy"]: r for r in rows}
     floors, aa, load = {}, {}, {}
     figures: dict[str, dict[str, float]] = {}
     waits: dict[str, dict[str, float]] = {}
     for objective, (key, _) in FIGURES.items():
-        measured = {n: by_name[n][key] for n in group if by_name[n].get(key) is not None}
+        measured = {
+            n: by_name[n][key]
+            for n in group
+            if by_name[n].get(key) is not None and machine_busy(by_name[n], objective) is None
+        }
         figures[objective] = measured
         aa[objective] = relative_spread(list(measured.values()))
-        timed = [r for r in rows if r.get(key) is not None]
+        timed = [r for r in rows if r.get(key) is not None and machine_busy(r, objective) is None]
         waits[objective] = {
             r["strategy"]: r[LOADS[objective]] for r in timed if r.get(LOADS[objective]) is not None
         }
@@ -171,6 +198,8 @@ def speedup_within_noise(row: Row, base: Optional[Row], floor: SpeedFloor) -> Op
     table then says so beside it. None where there is no floor or no figure to judge."""
     if base is None or floor.floor("throughput") is None or row is base:
         return None
+    if machine_busy(row, "throughput") is not None or machine_busy(base, "throughput") is not None:
+        return None  # the table says the machine was busy instead
     mine, theirs = row.get("steady_samples_per_s"), base.get("steady_samples_per_s")
     if mine is None or theirs is None:
         return None

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Optional
 
+from pipeline.core_wait import BUSY_WAIT, busy
 from pipeline.results import (
     WARMUP_STANDS_IN,
     EpochRow,
@@ -59,6 +60,31 @@ def scaling_efficiency(speedup_value: Optional[float], n_devices: int) -> Option
     return None if speedup_value is None else speedup_value / n_devices
 
 
+def above_linear(
+    efficiency: Optional[float],
+    wait: Optional[float],
+    base_wait: Optional[float],
+    n_devices: int,
+) -> Optional[str]:
+    """Where a scaling efficiency is above 100% (more than N times single's speed on N
+    devices, which splitting the work cannot give), its likely cause in a few words; None at
+    or below 100%. `wait`, `base_wait`: the core-wait shares of this run's and single's
+    steady epochs (core_wait.py)."""
+    if efficiency is None or efficiency <= 1:
+        return None
+    if wait is not None and base_wait is not None and base_wait > wait:
+        return (
+            f"above 100%: likely the machine's load ({BASELINE} waited {base_wait:.0%} for a "
+            f"core, this run {wait:.0%})"
+        )
+    if n_devices == 1:  # the same device, the whole batch: nothing but chance differs
+        return f"above 100%: one device, as {BASELINE}: a difference of the runs, not scaling"
+    return (
+        "above 100%: likely each device's smaller share of the batch running faster per "
+        f"sample (caches), or a slowed {BASELINE} run"
+    )
+
+
 def delta(value: float, base: Optional[float]) -> Optional[float]:
     return None if base is None else value - base
 
@@ -78,6 +104,8 @@ def comparison_rows(
         )
         n_devices = len(r.devices) - sum(n - 1 for n in r.shared_devices.values())
         epoch, seconds = time_to_target(histories[r.strategy], target)
+        wait = core_wait(steady_rows(histories[r.strategy]))
+        base_wait = core_wait(steady_rows(histories[base.strategy])) if base else None
         rows.append(
             {
                 "strategy": r.strategy,
@@ -94,13 +122,17 @@ def comparison_rows(
                 # the share of the training steps' runnable time spent waiting for a CPU core
                 # (the machine's load: core_wait.py), over the epochs each speed figure is
                 # taken over; the noise floor allows for its differences (speed_noise.py)
-                "steady_core_wait": core_wait(steady_rows(histories[r.strategy])),
+                "steady_core_wait": wait,
                 "core_wait": core_wait(histories[r.strategy]),
                 "speed_features": r.speed_features,  # what ran: precision, compile, graphs
                 "steady_basis": r.steady_basis,
                 "speed_note": r.speed_note,  # why a speed figure is empty or includes warm-up
                 "speedup_vs_single": up,
                 "scaling_efficiency": scaling_efficiency(up, n_devices),
+                # beyond 100%: why, likely (a flag beside the figure wherever it is shown)
+                "above_linear": above_linear(
+                    scaling_efficiency(up, n_devices), wait, base_wait, n_devices
+                ),
                 "test_acc": r.test_acc,
                 "best_test_acc": r.best_test_acc,
                 # what the notes' dp accuracy is read against (notes_accuracy.py)
@@ -176,7 +208,15 @@ def _speedup_cell(v: Optional[float], row: dict[str, Any]) -> str:
         return "n/a (shared-device)" if row.get("shared_devices") else "n/a"
     # within the A/A noise floor (the compare stage sets it; speed_noise.py): no real speedup
     noise = ", within noise" if row.get("speedup_within_noise") else ""
-    return f"{v:.2f}x ({row['scaling_efficiency']:.0%}{noise})"
+    flags = [f for f in (row.get("above_linear"), _busy_flag(row)) if f]
+    return f"{v:.2f}x ({row['scaling_efficiency']:.0%}{noise}{''.join(', ' + f for f in flags)})"
+
+
+def _busy_flag(row: Row) -> Optional[str]:
+    """ "machine busy: not ranked" where this run's steady epochs waited beyond
+    core_wait.BUSY_WAIT for a core: its speed is shown, the answer ranks it in no speed
+    objective."""
+    return "machine busy: not ranked" if busy(row.get("steady_core_wait")) else None
 
 
 def _accuracy_cell(v: float, row: dict[str, Any]) -> str:
@@ -271,6 +311,15 @@ def html_rows(head: list[str], body: list[list[str]], css: str) -> str:
 TEXT_WIDTH = 120
 
 
+def _terse_speedup(v: Optional[float], row: Row) -> str:
+    """The printed table's speedup: "8.86x!" above 100% efficiency, "busy" beside it where
+    the machine was too busy to rank the run (footnotes say so)."""
+    if v is None:
+        return "n/a"
+    marks = ("!" if row.get("above_linear") else "") + (" busy" if _busy_flag(row) else "")
+    return f"{v:.2f}x{marks}"
+
+
 def text_table(rows: list[Row], target: Optional[float]) -> str:
     """Fixed columns, none of them per device, so the width stays bounded: about 105
     characters for 8 GPUs on 2 nodes (tests/unit/test_report_fits.py checks it)."""
@@ -281,7 +330,7 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
         ("n_devices", "devices", _devices_cell),
         ("steady_epoch_s", "s/epoch", marked[0]),
         ("steady_samples_per_s", "samples/s", marked[1]),
-        ("speedup_vs_single", "speedup", _num(".2f", "x")),
+        ("speedup_vs_single", "speedup", _terse_speedup),
         ("test_acc", f"test acc (vs {BASELINE})", _accuracy_cell),
         ("time_to_target_s", reach, _target_cell if target is not None else _num(".1f")),
         ("peak_memory_mib", "peak MiB", _busiest_cell),
@@ -293,6 +342,12 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
         lines.append("* taken over warm-up epochs (no epoch free of one)")
     if any(r.get("speed_note") and r.get("steady_epoch_s") is None for r in rows):
         lines.append("none: no steady epoch (the report's notes say why)")
+    if any(r.get("above_linear") and r.get("speedup_vs_single") is not None for r in rows):
+        lines.append("!: scaling efficiency above 100% (the report says its likely cause)")
+    if any(_busy_flag(r) for r in rows):
+        lines.append(
+            f"busy: machine busy, not ranked (waited over {BUSY_WAIT:.0%} of its time for a core)"
+        )
     return "\n".join(lines) + "\n"
 
 

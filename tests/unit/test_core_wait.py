@@ -83,3 +83,31 @@ def test_a_runs_load_is_the_median_and_unknown_if_any_epoch_is():
     assert results.core_wait([row(1, 0.1), row(2, 0.3), row(3, 0.2)]) == 0.2
     assert results.core_wait([row(1, 0.1), row(2, None)]) is None
     assert results.core_wait([]) is None
+
+
+# --- threads per process (issue 68) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cores", "nproc", "others", "threads"),
+    [
+        (2, 1, 0.0, 2),  # idle: the cores' even share
+        (2, 1, 1.0, 1),  # a busy process beside it: one thread
+        (2, 1, 9.0, 1),  # never none
+        (2, 2, 0.0, 1),
+        (16, 2, 0.0, 8),
+        (16, 2, 6.0, 5),  # the free cores' share
+        (16, 1, None, 16),  # nothing known of the load: the even share
+    ],
+)
+def test_threads_per_process_is_the_free_cores_share(cores, nproc, others, threads):
+    assert core_wait.threads_per_process(cores, nproc, others) == threads
+
+
+def test_others_runnable_reads_the_kernels_count_less_the_reader(tmp_path):
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("8.44 8.41 5.60 3/120 11266\n")
+    assert core_wait.others_runnable(loadavg) == 2.0
+    assert core_wait.others_runnable(tmp_path / "absent") is None
+    loadavg.write_text("garbled\n")
+    assert core_wait.others_runnable(loadavg) is None

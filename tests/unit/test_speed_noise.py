@@ -190,7 +190,8 @@ def test_the_tables_speedup_says_when_it_lies_within_the_floor():
     assert [cells[column] for cells in body] == [
         "1.00x (100%)",
         "0.95x (95%, within noise)",
-        "1.33x (133%)",
+        # above 100% on one device: flagged (issue 68)
+        "1.33x (133%, above 100%: one device, as single: a difference of the runs, not scaling)",
         "0.98x (98%, within noise)",
     ]
 

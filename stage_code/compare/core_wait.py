@@ -1,0 +1,1 @@
+../../pipeline/core_wait.py

@@ -1,0 +1,1 @@
+../../../pipeline/reporting/memory_noise.py
