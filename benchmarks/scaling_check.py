@@ -77,7 +77,7 @@ def one_round(project: Path, env: dict, overrides: list[str]) -> dict[str, Any]:
     each strategy's train stage."""
     cfg = load_config(project / "params.yaml", [*overrides, f"predict.gpus=[{WORLD}]"])
     device = torch.device("cpu")
-    link = the_link(cfg, device)  # auto: gloo between 2 processes, measured here
+    link = the_link(cfg, device, None)  # auto: gloo between 2 processes, measured each round
     rows = {}
     for name in STRATEGIES:
         doc = predict_strategy(cfg, name, device, lambda: link)
