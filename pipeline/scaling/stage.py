@@ -24,7 +24,7 @@ from pipeline.scaling.gloo_link import BANDWIDTH_BYTES, WORLD, measure_gloo_link
 from pipeline.scaling.kept_link import KEPT_LINKS, kept_link, this_machine
 from pipeline.scaling.links import PRESETS, Link, check_link
 from pipeline.scaling.prediction import LEAVES_OUT, DataSize, Measurements, predict
-from pipeline.scaling.profile import measure_rank, replica_split
+from pipeline.scaling.profile import measure_step, replica_split
 
 # Fashion-MNIST's training and test sets, where the fetch stage has not run
 FULL_TRAIN, FULL_TEST = 60000, 10000
@@ -108,7 +108,7 @@ def predict_strategy(
     }
     spec = resolve_run(cfg, name)
     if name == "single":  # one device at any N: what every speedup divides
-        baseline = measure_rank(spec, 1, device, cfg.predict.time_s).step_s
+        baseline = measure_step(spec, 1, device, cfg.predict.time_s)
         return {**doc, "baseline_step_s": baseline}
     given = link()
     doc["link"] = {
