@@ -47,6 +47,7 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from benchmarks.bench import machine, write_result
 from benchmarks.e2e import project_copy, torch_device
@@ -164,7 +165,7 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def one_predict(project: Path, strategy: str) -> dict[str, float]:
+def one_predict(project: Path, strategy: str) -> dict[str, Any]:
     """`python -m pipeline.predict STRATEGY` as its DVC stage runs it: its wall time, the
     seconds it spent timing steps, its own cost (the rest), and whether the link it used
     was read back (kept) rather than measured."""
@@ -189,6 +190,7 @@ def one_predict(project: Path, strategy: str) -> dict[str, float]:
         "own": wall - timing,
         "link kept": float(source.startswith("kept")),
         "load": (before + load()) / 2,
+        "document": doc,  # what it predicted: before and after a change, compared
     }
 
 
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     predicts: dict[str, dict[str, list[dict[str, float]]]] = {}
     floors_import: dict[str, list[float]] = {}
     quickstarts: dict[str, list[dict[str, float]]] = {}
+    documents: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="parallel-lab-startup-") as tmp:
         mirror = Path(tmp) / "mirror"
         write_synthetic(mirror, 600, 300)
@@ -284,6 +287,9 @@ def main(argv: list[str] | None = None) -> dict:
                 floors_import.setdefault(key, []).append(one_import_floor(copy))
                 for strategy in args.predict_strategies:
                     run = one_predict(copy, strategy)
+                    documents.setdefault(key, {}).setdefault(strategy, []).append(
+                        run.pop("document")
+                    )
                     predicts.setdefault(key, {}).setdefault(strategy, []).append(run)
                     print(
                         f"startup: predict {strategy} ({key}) run {i + 1}: wall "
@@ -336,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "import_floor_median_s": statistics.median(floors_import[key]),
                     "runs": by_strategy,
                     "import_floor_runs": floors_import[key],
+                    "documents": documents[key],
                 }
                 for key, by_strategy in predicts.items()
             },
