@@ -456,8 +456,10 @@ class Replicas:
                 out = self.model(x)
             F.cross_entropy(out.float(), y).backward()
 
-        fwd_bwd()
-        self.optimizer.step()
+        if not self.memory:  # the first share's step makes the gradients and the states;
+            # a later share finds them (a second would be seconds of a CPU's predict stage)
+            fwd_bwd()
+            self.optimizer.step()
         if self.seconds is not None:
             self.share_s[share] = timed(fwd_bwd, self.device, self.seconds)
         self.memory[share] = tensors_at_peak(self.model, self.optimizer, fwd_bwd, self.device)
