@@ -229,8 +229,8 @@ def one_quickstart(project: Path) -> dict[str, float]:
     found = QUICK_STEPS.search(proc.stdout)
     if proc.returncode != 0 or not found:
         sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    steps = dict(step.rsplit(" ", 1) for step in found.group(1).split(", "))
-    steps = {name: float(seconds) for name, seconds in steps.items()}
+    printed = dict(step.rsplit(" ", 1) for step in found.group(1).split(", "))
+    steps = {name: float(seconds) for name, seconds in printed.items()}
     return {"wall": wall, **steps, "load": (before + load()) / 2}
 
 
