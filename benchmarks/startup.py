@@ -468,7 +468,9 @@ def predict_table(result: dict) -> list[str]:
         "(params.yaml's predict.gpus, link auto); its own cost is its wall time less the "
         "seconds it spent timing steps. "
         f"The link was read back (kept) in {kept:.0f} of {total} runs (the first measures it); "
-        f"load average {statistics.median(loads):.1f} (median). The floor under the own cost, "
+        f"load average {statistics.median(loads):.1f} (median). "
+        + (f"Before: `{result.get('ref')}`. " if ref else "")
+        + "The floor under the own cost, "
         f"python and the stage's imports: {floor}.{beside}",
         "",
         *lines,
