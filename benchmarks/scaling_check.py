@@ -104,7 +104,7 @@ def one_round(
     each strategy's train stage (each layout's, where it is predicted at several)."""
     cfg = load_config(project / "params.yaml", [*overrides, f"predict.gpus=[{WORLD}]"])
     device = torch.device("cpu")
-    link = the_link(cfg, device)  # auto: gloo between 2 processes, measured here
+    link = the_link(cfg, device, None)  # auto: gloo between 2 processes, measured each round
     rows = {}
     for name in strategies:
         doc = predict_strategy(cfg, name, device, lambda: link)

@@ -24,6 +24,7 @@ SMALL = 16  # floats: a SyncBatchNorm's statistics are this order
 BANDWIDTH_BYTES = 16 << 20
 REPEATS = 10  # all-reduces per timed round
 ROUNDS = 5
+WORLD = 2  # processes measured, as a CPU job's two ranks
 
 
 def _rank(rank: int, world: int, store: str, size: int, out: str) -> None:
@@ -51,7 +52,7 @@ def _rank(rank: int, world: int, store: str, size: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def measure_gloo_link(size: int, world: int = 2) -> Link:
+def measure_gloo_link(size: int, world: int = WORLD) -> Link:
     """gloo between `world` processes on this machine, from all-reduces of SMALL floats and
     of `size` bytes (a model's gradients), at least BANDWIDTH_BYTES."""
     with tempfile.TemporaryDirectory() as tmp:

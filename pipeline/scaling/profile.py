@@ -370,6 +370,18 @@ def measure_rank(
     return RankProfile(spec.name, world_size, per_rank, step_s, sent, tuple(memory))
 
 
+def measure_step(
+    spec: RunSpec[Any], world_size: int, device: torch.device, seconds: float = TIMED_S
+) -> float:
+    """Rank 0's step of a `world_size` job of `spec`, timed as `measure_rank` times it, and
+    nothing else: single's baseline, which is its step alone (its traffic and memory would be
+    two more steps, one under MemTracker, that no document shows)."""
+    steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
+    with fake_world(world_size, device) as ctx, one_rank(spec, ctx, device, steps) as rank:
+        stand_in_for_ddp_all_reduce(rank.training, SentLog())
+        return timed(rank.step, device, seconds)
+
+
 def rank_memory(spec: RunSpec[Any], ctx: DistContext, device: torch.device) -> RankMemory:
     """ctx's rank of `spec`'s job in the process group that is up, fake or real: its step at
     the peak (step_memory), after a first step that makes the gradients and the optimizer's
@@ -441,8 +453,10 @@ class Replicas:
                 out = self.model(x)
             F.cross_entropy(out.float(), y).backward()
 
-        fwd_bwd()
-        self.optimizer.step()
+        if not self.memory:  # the first share's step makes the gradients and the states;
+            # a later share finds them (a second would be seconds of a CPU's predict stage)
+            fwd_bwd()
+            self.optimizer.step()
         if self.seconds is not None:
             self.share_s[share] = timed(fwd_bwd, self.device, self.seconds)
         self.memory[share] = tensors_at_peak(self.model, self.optimizer, fwd_bwd, self.device)

@@ -9,6 +9,7 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,10 +21,11 @@ from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
 from pipeline.run_spec import resolve_run
 from pipeline.scaling.checked import band, band_text
-from pipeline.scaling.gloo_link import measure_gloo_link
+from pipeline.scaling.gloo_link import BANDWIDTH_BYTES, WORLD, measure_gloo_link
+from pipeline.scaling.kept_link import KEPT_LINKS, kept_link, this_machine
 from pipeline.scaling.links import PRESETS, Link, check_link
 from pipeline.scaling.prediction import LEAVES_OUT, DataSize, Measurements, predict
-from pipeline.scaling.profile import measure_rank, replica_split
+from pipeline.scaling.profile import measure_step, replica_split
 
 # Fashion-MNIST's training and test sets, where the fetch stage has not run
 FULL_TRAIN, FULL_TEST = 60000, 10000
@@ -56,16 +58,23 @@ def device_name(device: torch.device) -> str:
     return f"CPU processes ({platform.processor() or platform.machine()})"
 
 
-def the_link(cfg: Config, device: torch.device) -> Link:
+def the_link(cfg: Config, device: torch.device, kept: Path | None = KEPT_LINKS) -> Link:
     """predict.link as given (check_link), or for auto: on a CPU, gloo between 2 processes
-    measured here, at the size of the model's gradients; on a GPU, nvlink-h100."""
+    measured here, at the size of the model's gradients (kept in `kept` once measured on this
+    machine, and said to be kept where it is read back; None: measured every time); on a
+    GPU, nvlink-h100."""
     given = check_link(cfg.predict.link)
     if given is not None:
         return given
     if device.type == "cuda":
         return PRESETS["nvlink-h100"]
     parameters = build_model(cfg.model.width, cfg.seed).parameters()
-    return measure_gloo_link(sum(p.numel() * p.element_size() for p in parameters))
+    size = sum(p.numel() * p.element_size() for p in parameters)
+    if kept is None:
+        return measure_gloo_link(size)
+    # what the measurement depends on: gradients smaller than BANDWIDTH_BYTES measure alike
+    key = this_machine(torch.__version__, WORLD, max(size, BANDWIDTH_BYTES))
+    return kept_link(key, lambda: measure_gloo_link(size), kept)
 
 
 def too_many_processes(device: torch.device, n: int) -> bool:
@@ -100,7 +109,7 @@ def predict_strategy(
     }
     spec = resolve_run(cfg, name)
     if name == "single":  # one device at any N: what every speedup divides
-        baseline = measure_rank(spec, 1, device, cfg.predict.time_s).step_s
+        baseline = measure_step(spec, 1, device, cfg.predict.time_s)
         return {**doc, "baseline_step_s": baseline}
     given = link()
     doc["link"] = {

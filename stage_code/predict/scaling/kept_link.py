@@ -1,0 +1,1 @@
+../../../pipeline/scaling/kept_link.py
