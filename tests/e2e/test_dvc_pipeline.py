@@ -231,7 +231,10 @@ def test_dvc_exp_show_fits_a_screen(repro):
     header = dvc(project, "exp", "show", "--md").stdout.splitlines()[0]
     assert len(header.strip("| ").split(" | ")) == exp_show_columns(params, per_strategy)
     defaults = yaml.safe_load((REPO / "params.yaml").read_text())
-    assert exp_show_columns(defaults, per_strategy) <= 100
+    # 100 at six strategies; channel_parallel and hybrid bring 5 columns each (a dependency,
+    # four metrics) and their sections 5 keys: 116 at the defaults, so the plain table no
+    # longer fits a 100-column screen and the docs' --keep command below is the one to read
+    assert exp_show_columns(defaults, per_strategy) <= 120
     kept = dvc(project, "exp", "show", "--md", "--drop", ".*", "--keep", "Experiment|(acc|sps)\\.")
     columns = kept.stdout.splitlines()[0].strip("| ").split(" | ")
     assert [c.strip() for c in columns] == [
@@ -307,7 +310,8 @@ def test_a_code_edit_retrains_or_hands_on_the_same_numbers(repro, tmp_path):
     )
     again = dvc(project, "repro", "train@single")
     assert "Running stage 'train@single'" in again.stdout  # a dependency changed
-    assert "train[single]: resuming at epoch 3 step 0" in again.stdout, again.stdout
+    # a finished run says so (issue 68): the line that said "resuming at epoch 3 step 0"
+    assert "train[single]: already trained: all 2 epoch(s)" in again.stdout, again.stdout
     assert "train[single] epoch" not in again.stdout  # no epoch trained
     assert set(single_runs(client)) == {old_id, new_id}
     assert logged(client, new_id) == new_metrics  # none again, none new

@@ -38,6 +38,11 @@ from pipeline.data.fashion_mnist import load_tensors
 from pipeline.resnet import resnet18
 from support import MlflowServer, dvc, free_port, run
 
+# the first test here waits for the shared `dvc repro` of every strategy (conftest.py
+# every_strategy, its own limit 900 s): eight of them, one of 4 processes, on 2 busy cores
+pytestmark = pytest.mark.timeout(1200)
+
+
 NAMES = list(strategies.NAMES)
 # The adverse run retrains one strategy of each checkpoint kind: dp (one process, the plain
 # model's state, as single and balanced_dp), fsdp (several processes, sharded through

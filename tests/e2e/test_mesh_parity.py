@@ -180,10 +180,15 @@ def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before
     ],
     ids=["channel_width", "hybrid_width", "hybrid_batch"],
 )
-def test_what_does_not_divide_exits_2_before_any_process(fetched, overrides, key, expected):
-    proc = run(fetched, "python", "-m", "pipeline.train", *overrides, check=False)
+def test_what_does_not_divide_exits_2_before_any_process(
+    fetched, tmp_path, overrides, key, expected
+):
+    project = shutil.copytree(fetched, tmp_path / "project")  # the module's runs left theirs
+    for kept in ("results", "checkpoints"):
+        shutil.rmtree(project / kept, ignore_errors=True)
+    proc = run(project, "python", "-m", "pipeline.train", *overrides, check=False)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and expected in lines[0], lines
     assert "launch[" not in proc.stdout  # refused before torchrun started anything
-    assert not (fetched / "results").exists() and not (fetched / "checkpoints").exists()
+    assert not (project / "results").exists() and not (project / "checkpoints").exists()

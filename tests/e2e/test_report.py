@@ -26,6 +26,9 @@ from pipeline.reporting.report import CHILD_METRICS
 from support import IMAGE, LEARNED, dvc
 from support import run as run_in
 
+# the first test here waits for the shared `dvc repro` of every strategy (conftest.py
+# every_strategy, its own limit 900 s): eight of them, one of 4 processes, on 2 busy cores
+pytestmark = pytest.mark.timeout(1200)
 OBJECTIVES = ["fastest_to_target", "throughput", "peak_memory", "memory_balance"]
 PROVENANCE_TAGS = {
     "git_commit",
