@@ -22,7 +22,11 @@ from pipeline.results import PREDICTED
 
 # predict.time_s -> the checks' JSON files that timed each rank's steps for that long
 CHECKED_BY = {
-    2.0: ("benchmarks/results/cpu2-amd-epyc-scaling-check-2026-11-27.json",),
+    2.0: (
+        "benchmarks/results/cpu2-amd-epyc-scaling-check-2026-11-27.json",
+        # channel_parallel and hybrid (at both its layouts of 2), 2026-12-02, idle
+        "benchmarks/results/scaling-check/cpu2-amd-epyc-mesh-2026-12-02.json",
+    ),
     0.5: (
         "benchmarks/results/scaling-check/cpu2-amd-epyc-time-0.5s-2026-11-27.json",
         "benchmarks/results/scaling-check/cpu2-amd-epyc-quickstart-2026-11-28.json",
@@ -32,7 +36,15 @@ CHECKED_BY = {
 # fraction). dp and balanced_dp have none: DataParallel runs unsplit on a CPU, and no real
 # multi-GPU run has checked them
 BANDS = {
-    2.0: {"single": 0.18, "ddp": 0.34, "fsdp": 0.26, "pipeline_parallel": 0.05},
+    2.0: {
+        "single": 0.18,
+        "ddp": 0.34,
+        "fsdp": 0.26,
+        "pipeline_parallel": 0.05,
+        # a hybrid's band is the largest over every layout its check ran
+        "channel_parallel": 0.20,
+        "hybrid": 0.33,
+    },
     0.5: {"single": 0.13, "ddp": 0.39, "fsdp": 0.42, "pipeline_parallel": 0.07},
 }
 UNCHECKED_ON_GPUS = "unchecked on GPUs: no multi-GPU run has checked the overlap model yet"
@@ -60,7 +72,7 @@ def band_text(strategy: str, on_gpu: bool, time_s: float) -> str:
         )
     if strategy not in BANDS[timing]:
         return "no band: not checked against a real run"
-    files = ", ".join(CHECKED_BY[timing])
+    files = ", ".join(CHECKED_BY[timing])  # every check of that timing, whichever held it
     checked = (
         f"±{BANDS[timing][strategy]:.0%} on 2 CPU processes, each rank timed for "
         f"{timing:g} s ({files})"
