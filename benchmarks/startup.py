@@ -327,7 +327,10 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "runs": runs,
         "floor": {
-            "median_s": {name: statistics.median(f[name] for f in floors) for name in floors[0]},
+            # --runs 0 (predict stages and quickstarts only) times no floor
+            "median_s": {name: statistics.median(f[name] for f in floors) for name in floors[0]}
+            if floors
+            else {},
             "runs": floors,
         },
     }
