@@ -10,6 +10,7 @@ ranks' peaks are real, their time is turns on one device."""
 from __future__ import annotations
 
 import html
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the predict stage shows these tables too, and runs none of table.py
@@ -394,7 +395,10 @@ def mlflow_metrics(predicted: dict[str, Any]) -> dict[str, float]:
     out = {}
     for n, by_name in predicted["by_devices"].items():
         for name, row in by_name.items():
-            prefix = f"predicted_{n}dev_{name}"
+            # a layout's row, "hybrid (replicate 2 x channel 2)", as MLflow takes a name:
+            # hybrid_replicate_2_x_channel_2 (no parentheses)
+            metric_name = re.sub(r"[^\w.\-]+", "_", name).strip("_")
+            prefix = f"predicted_{n}dev_{metric_name}"
             for figure in ("epoch_s", "speedup", "efficiency"):
                 if f"predicted_{figure}" in row:
                     out[f"{prefix}_{figure}"] = row[f"predicted_{figure}"]

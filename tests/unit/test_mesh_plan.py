@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.config import HybridConfig
-from pipeline.reporting.predicted import combine, layout_picks
+from pipeline.reporting.predicted import combine, layout_picks, mlflow_metrics
 from pipeline.resnet import build_model
 from pipeline.scaling.profile import SentLog, fake_world
 from pipeline.scaling.step_time import ALL_REDUCE
@@ -124,3 +124,14 @@ def test_each_layout_is_a_row_and_the_report_names_the_best_per_objective():
         "On 4 devices, hybrid's layout (predicted): fastest replicate 2 x channel 2 "
         "(5.00 s/epoch ±30%); least memory per device replicate 1 x channel 4 (50 MiB)"
     )
+
+
+def test_a_layouts_mlflow_metric_names_are_names_mlflow_takes():
+    from mlflow.utils.validation import _validate_metric_name
+
+    rows = {"replicate 2 x channel 2": row(5.0, 70.0)}
+    combined = combine({"hybrid": document(rows)})
+    names = list(mlflow_metrics(combined))
+    assert "predicted_4dev_hybrid_replicate_2_x_channel_2_epoch_s" in names
+    for name in names:
+        _validate_metric_name(name)  # raises on a name MLflow refuses
