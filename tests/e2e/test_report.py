@@ -192,7 +192,9 @@ def test_the_predictions_are_a_section_of_their_own_and_named_so_in_mlflow(proje
     (parent,) = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'comparison'")
     assert {k for k in parent.data.metrics} == {
         f"predicted_2dev_{name}_{figure}"
-        for name in ("ddp", "fsdp", "pipeline_parallel")
+        # a hybrid's rows are its layouts of 2 devices, named as MLflow takes names
+        for name in ("ddp", "fsdp", "pipeline_parallel", "channel_parallel")
+        + ("hybrid_channel_2", "hybrid_replicate_2")
         for figure in ("epoch_s", "speedup", "efficiency", "peak_mib")
     } | {f"predicted_2dev_{name}_peak_mib" for name in ("dp", "balanced_dp")}
     for name in ("fsdp", "pipeline_parallel"):  # the table's column: a pipeline's busiest stage
@@ -229,13 +231,13 @@ def test_the_report_opens_with_the_recommendation(project):
     body = page.split("<body>\n", 1)[1]
     assert body.startswith(
         '<h1>parallel-lab: which strategy for this hardware</h1>\n<section class="answer">\n'
-        "<h2>Which strategy on this hardware: the CPU (up to 2 processes)</h2>"
+        "<h2>Which strategy on this hardware: the CPU (up to 4 processes)</h2>"  # hybrid's 4
     )
     assert body.index("</section>") < body.index("<table")
     markdown = (project / "reports/summary.md").read_text()
     assert markdown.startswith(
         "# parallel-lab: which strategy for this hardware\n\n"
-        "## Which strategy on this hardware: the CPU (up to 2 processes)\n\n- **Fastest to "
+        "## Which strategy on this hardware: the CPU (up to 4 processes)\n\n- **Fastest to "
     )
     answer = json.loads((project / "reports/recommendation.json").read_text())
     summary = json.loads((project / "reports/comparison.json").read_text())
