@@ -40,6 +40,11 @@ RUNS = [
         "hybrid",
         [*TEN_STEPS, "hybrid.data=1", "hybrid.shard=2", "hybrid.channel=2"],
     ),
+    (
+        "data_x_pipeline",
+        "hybrid",
+        [*TEN_STEPS, "hybrid.data=2", "hybrid.pipeline=2", "hybrid.channel=1"],
+    ),
 ]
 
 
@@ -129,13 +134,20 @@ RESUMES = [
         "4",
         "4",
     ),
+    (
+        "hybrid",
+        ["hybrid.data=2", "hybrid.pipeline=2", "hybrid.channel=1"],
+        ["hybrid.data=1", "hybrid.pipeline=4", "hybrid.channel=1"],
+        "4",
+        "4",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "name, saved_by, resumed_by, before, after",
     RESUMES,
-    ids=["channel_4_to_2", "hybrid_2x2_to_1x4"],
+    ids=["channel_4_to_2", "hybrid_2x2_to_1x4", "data_x_pipeline_2x2_to_1x4"],
 )
 def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before, after):
     """With SGD momentum (optimizer state to reshard), 3 epochs of 3 steps in fp64; the
