@@ -80,11 +80,11 @@ def apply_data_pipeline(
     if synced:  # in place: the stage's BatchNorm layers, over its data group
         convert_sync_batchnorm(blocks, ctx.on_cuda, data)
     if chunks > 1:
-        samples = f"{share // chunks * dims.data} samples, over the data ranks"
+        each = f"{share // chunks * dims.data} samples over the data ranks" if synced else ""
         notes.append(
-            f"pipeline: BatchNorm statistics per pipeline micro-batch of "
-            f"{samples if synced else f'{share // chunks} samples'} ({chunks} a share), not "
-            f"per micro-batch of {plan.micro}: not the same computation as single"
+            f"pipeline: BatchNorm statistics per pipeline micro-batch ({chunks} of each data "
+            f"rank's share): {each or f'{share // chunks} samples'}, not the micro-batch's "
+            f"{plan.micro}: not the same computation as single"
         )
     first_data_rank = dims.data_rank(ctx.rank) == 0
     return replace(
