@@ -189,8 +189,13 @@ def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before
         (["channel_parallel", "channel_parallel.nproc=3"], "channel_parallel", "multiple of 3"),
         (["hybrid", "hybrid.data=1", "hybrid.channel=3"], "hybrid", "multiple of 3"),
         (["hybrid", "hybrid.data=3", "hybrid.channel=1"], "train.batch_size", "3 x 1"),
+        (
+            ["hybrid", "hybrid.data=1", "hybrid.pipeline=7", "hybrid.channel=1"],
+            "hybrid.pipeline",
+            "expected at most 6",
+        ),
     ],
-    ids=["channel_width", "hybrid_width", "hybrid_batch"],
+    ids=["channel_width", "hybrid_width", "hybrid_batch", "hybrid_stages"],
 )
 def test_what_does_not_divide_exits_2_before_any_process(
     fetched, tmp_path, overrides, key, expected
