@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from pipeline.config import load_config
+from pipeline.parallel_dims import ParallelDims
 from pipeline.reporting.predicted import combine, text
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import resolve_run
 from pipeline.scaling import checked
 from pipeline.scaling.checked import not_predicted_document
 from pipeline.scaling.prediction import REPLICAS_ON_A_CPU
-from pipeline.parallel_dims import ParallelDims
 from pipeline.scaling.profile import measure_data_pipeline, measure_rank, measure_stages
 from pipeline.scaling.stage import predict_strategy, the_link
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
