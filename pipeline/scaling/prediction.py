@@ -9,7 +9,11 @@ own split, balanced_dp's gpu0_bsz included), their scatter, replicate, gather an
 reduce modelled (step_time.replicated_step), and each device's memory built from its share's
 peak: device 0 also holds the optimizer state, the gathered outputs and the data. On a CPU
 DataParallel runs unsplit, so there only their memory is predicted (REPLICAS_ON_A_CPU); on a
-GPU their time too. No real multi-GPU run has checked either (checked.BANDS has no band)."""
+GPU their time too. No real multi-GPU run has checked either (checked.BANDS has no band).
+
+A hybrid's data x pipeline layout: each of its stages stepped as its rank under the fake
+group (profile.measure_data_pipeline), the step pipeline_parallel's (step_time.pipeline_step)
+followed by the data ranks' all-reduce of a stage's gradients (`data_pipeline_step`)."""
 
 from __future__ import annotations
 
@@ -280,7 +284,7 @@ def predict_step(
     if dims.pipeline > 1:  # data ranks each running a pipeline (a hybrid's data x pipeline)
         stages = measured.data_pipeline(dims)
         step = data_pipeline_step(stages, dims.data, spec.plan.grad_accum, link)
-        return n, step, spec.job_plan(n, spec.plan.batch_size).per_rank, stages.memory
+        return n, step, spec.plan.of_job(dims, spec.name).per_rank, stages.memory
     profile = measured.rank(n)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)
