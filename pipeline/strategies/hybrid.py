@@ -16,10 +16,10 @@ factorization (ParallelDims), a pipeline's with `hybrid.microbatches` 1.
 
 Data x pipeline (data_pipeline.py) runs pipeline_parallel's stages (GPipe) in each data
 rank's pipeline and averages every stage's gradients over its data group after the step's
-last schedule run. It is not composed with channel or shard: a pipeline stage's DTensor
-shards would need the schedule to send DTensors, which torch 2.14's PipelineStage does not;
-`hybrid.pipeline` > 1 with `hybrid.channel` or `hybrid.shard` > 1 is refused (one line, exit
-2, before any process starts), as are more stages than the model's blocks and a
+last schedule run. It is not composed with channel or shard: that is not built (each stage
+would split or shard its own blocks over a sub-mesh of its own, and no parity test holds such
+a run), so `hybrid.pipeline` > 1 with `hybrid.channel` or `hybrid.shard` > 1 is refused (one
+line, exit 2, before any process starts), as are more stages than the model's blocks and a
 `hybrid.microbatches` that does not divide a data rank's share.
 
 On GPUs the mesh takes every GPU in `devices`: where the section's product is another count,
