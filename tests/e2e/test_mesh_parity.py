@@ -1,13 +1,16 @@
 """Parallelisms composed on one device mesh (pipeline/parallel_dims.py) train the model
 `single` trains: channel_parallel (the notes' 通道并行) at 2 and 4 processes, and hybrids
-(data x channel, FSDP x channel) at 4, for real, torchrun on the CPU (gloo), in fp64 with
-gradient accumulation (2 micro-steps: the data replicas' and FSDP's no-sync paths in play).
+(data x channel, FSDP x channel, data x pipeline) at 4, for real, torchrun on the CPU (gloo),
+in fp64 with gradient accumulation (2 micro-steps: the data replicas' and FSDP's no-sync
+paths in play, and a pipeline's gradients averaged after its second schedule run alone).
 
 Channel shards compute every split layer's share and sum the partial outputs in a different
 order than one device's kernel does, so they differ from `single` by rounding alone: in fp64
 measured at most 3e-16 after 10 steps; bound 1e-9 as test_parity.py's. Their checkpoints hold
 the split tensors as DTensors with their global shapes, so a run saved by 4 processes resumes
-at 2, and at another factorization of its 4 (data x channel 2x2 -> 1x4)."""
+at 2, and at another factorization of its 4 (data x channel 2x2 -> 1x4); a data x pipeline
+run's stages save their blocks under the plain model's names, so 2x2 resumes as 1 x 4
+stages, cut elsewhere."""
 
 from __future__ import annotations
 
