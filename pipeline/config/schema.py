@@ -237,6 +237,12 @@ class HybridConfig:
     channel: int = field(default=2, metadata=_min(1))
     """Channel shards inside every data rank, as channel_parallel; model.width must be a
     multiple of it."""
+    pipeline: int = field(default=1, metadata=_min(1))
+    """Pipeline stages inside every data rank, as pipeline_parallel's (GPipe), at most the
+    model's 6 blocks; with pipeline > 1, channel and shard must be 1 (data x pipeline)."""
+    microbatches: int = field(default=1, metadata=_min(1))
+    """With pipeline > 1: pipeline micro-batches each data rank's share of a micro-batch is
+    split into; 1 computes what single computes (BatchNorm over the whole share)."""
     sync_bn: bool = True
     """Synchronise BatchNorm statistics over the data ranks (over the global micro-batch)."""
 

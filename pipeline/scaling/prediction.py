@@ -9,7 +9,11 @@ own split, balanced_dp's gpu0_bsz included), their scatter, replicate, gather an
 reduce modelled (step_time.replicated_step), and each device's memory built from its share's
 peak: device 0 also holds the optimizer state, the gathered outputs and the data. On a CPU
 DataParallel runs unsplit, so there only their memory is predicted (REPLICAS_ON_A_CPU); on a
-GPU their time too. No real multi-GPU run has checked either (checked.BANDS has no band)."""
+GPU their time too. No real multi-GPU run has checked either (checked.BANDS has no band).
+
+A hybrid's data x pipeline layout: each of its stages stepped as its rank under the fake
+group (profile.measure_data_pipeline), the step pipeline_parallel's (step_time.pipeline_step)
+followed by the data ranks' all-reduce of a stage's gradients (`data_pipeline_step`)."""
 
 from __future__ import annotations
 
@@ -21,15 +25,18 @@ from typing import Any
 import torch
 
 from pipeline.errors import UserError
+from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import INPUT_SHAPE
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.links import Link
 from pipeline.scaling.profile import (
+    DataPipelineProfile,
     RankMemory,
     RankProfile,
     ReplicaProfile,
     Replicas,
     StageProfile,
+    measure_data_pipeline,
     measure_rank,
     measure_stages,
     pipeline_split,
@@ -37,6 +44,7 @@ from pipeline.scaling.profile import (
     stage_memories,
 )
 from pipeline.scaling.step_time import (
+    ALL_REDUCE,
     BROADCAST,
     GATHER,
     REDUCE,
@@ -44,6 +52,7 @@ from pipeline.scaling.step_time import (
     Call,
     StepPrediction,
     Traffic,
+    collective_seconds,
     data_parallel_step,
     pipeline_step,
     replicated_step,
@@ -206,6 +215,33 @@ class Measurements:
     def rank(self, n: int) -> RankProfile:
         return measure_rank(self.spec, n, self.device, self.seconds)
 
+    def data_pipeline(self, dims: ParallelDims) -> DataPipelineProfile:
+        return measure_data_pipeline(self.spec, dims, self.device, self.seconds)
+
+
+def data_pipeline_step(
+    profile: DataPipelineProfile, data: int, grad_accum: int, link: Link
+) -> StepPrediction:
+    """Data ranks each running a pipeline: its step as pipeline_parallel's
+    (step_time.pipeline_step), then the data group's all-reduce of the largest stage's
+    gradients, blocking (data_pipeline.py reduces after the step's last schedule run)."""
+    step = pipeline_step(
+        profile.stage_s,
+        profile.boundary_bytes,
+        profile.microbatches,
+        grad_accum,
+        profile.optimizer_s,
+        link,
+    )
+    reduce_s = collective_seconds(ALL_REDUCE, profile.reduce_bytes, data, link)
+    return StepPrediction(
+        step_s=step.step_s + reduce_s,
+        compute_s=step.compute_s,
+        comm_s=step.comm_s + reduce_s,
+        exposed_s=step.exposed_s + reduce_s,
+        bubble_s=step.bubble_s,
+    )
+
 
 def predict_step(
     measured: Measurements, n: int, link: Link
@@ -244,6 +280,11 @@ def predict_step(
             link,
         )
         return stages, step, spec.plan.micro, measured.stage_memories
+    dims = spec.dims(n)
+    if dims.pipeline > 1:  # data ranks each running a pipeline (a hybrid's data x pipeline)
+        stages = measured.data_pipeline(dims)
+        step = data_pipeline_step(stages, dims.data, spec.plan.grad_accum, link)
+        return n, step, spec.plan.of_job(dims, spec.name).per_rank, stages.memory
     profile = measured.rank(n)
     sharded = spec.facts.sharded_parameters
     window = profile.step_s * (1.0 if sharded else BACKWARD_SHARE)

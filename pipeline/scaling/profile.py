@@ -7,10 +7,17 @@ share of the batch is B/N), every collective returns at once, and the loop's own
 they pass (`SentLog`): FSDP's all-gathers and reduce-scatters through the dispatcher, DDP's
 gradient buckets through a communication hook that stands in for its all-reduce.
 
-A pipeline stage's rank cannot run alone (its schedule waits for its neighbours), so
+A pipeline stage's rank cannot be timed alone as one of N (its schedule waits for its
+neighbours, and the step waits for the slowest stage across the fill and the drain), so
 pipeline_parallel is measured block by block: the plain model split where the strategy splits
 it (`split_points` of `block_flops`), each stage's forward and backward of one pipeline
 micro-batch timed on this device, and the activations it would send weighed.
+
+A hybrid's data x pipeline layout is measured stage by stage with the strategy's own code:
+each of data rank 0's stage ranks stepped under the fake process group (its neighbours'
+activations arrive at once, unfilled), its optimizer step timed apart, what it sends read off
+(`measure_data_pipeline`), for step_time.pipeline_step to lay out and the data ranks'
+gradient all-reduce to follow.
 
 On a CPU each rank gets the share of the cores the launcher gives it (OMP_NUM_THREADS =
 cores / N), with the others idle: what N processes do to each other's memory bandwidth is
@@ -45,6 +52,7 @@ from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training, build_training
 from pipeline.numerics.optim import make_optimizer
 from pipeline.numerics.precision import build_precision
+from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import INPUT_SHAPE, block_flops, build_model
 from pipeline.run_spec import RunSpec
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SEND, Call, Traffic
@@ -102,6 +110,19 @@ class StageProfile:
     stage_s: list[float]  # forward and backward of one micro-batch, per stage
     boundary_bytes: list[int]  # the activations stage i sends to stage i+1
     optimizer_s: float  # the largest stage's optimizer step
+
+
+@dataclass(frozen=True)
+class DataPipelineProfile:
+    """Data ranks each running a pipeline (a hybrid's data x pipeline): data rank 0's stages,
+    each its rank of the job under the fake process group, stepped by the strategy's code."""
+
+    stage_s: list[float]  # forward and backward of one pipeline micro-batch, per stage
+    boundary_bytes: list[int]  # the activations stage i sends to stage i+1 per micro-batch
+    microbatches: int  # pipeline micro-batches a micro-step (stage 0's sends counted)
+    optimizer_s: float  # the slowest stage's optimizer step
+    reduce_bytes: int  # the largest stage's gradients, all-reduced over its data group
+    memory: tuple[RankMemory, ...]  # each stage's step at its peak
 
 
 @dataclass(frozen=True)
@@ -538,3 +559,37 @@ def measure_stages(
         optimizer = make_optimizer(largest.parameters(), spec.train)
         optimizer_s = timed(optimizer.step, device, seconds)
     return StageProfile(stages, micro, stage_s, boundary, optimizer_s)
+
+
+def measure_data_pipeline(
+    spec: RunSpec[Any], dims: ParallelDims, device: torch.device, seconds: float = TIMED_S
+) -> DataPipelineProfile:
+    """Each stage of `spec`'s data x pipeline mesh `dims` (data rank 0's ranks 0..p-1), as
+    its rank of the job under the fake process group: its step timed, less its optimizer's
+    step (timed apart), over the schedule's micro-batches; its sends and its gradients'
+    all-reduce read off one more step; its step at the peak."""
+    steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
+    grad_accum = spec.plan.grad_accum
+    step_s, optimizer_s, calls, memory = [], [], [], []
+    for rank in range(dims.pipeline):
+        with fake_world(dims.world, device, rank) as ctx, one_rank(spec, ctx, device, steps) as r:
+            step_s.append(timed(r.step, device, seconds))
+            optimizer_s.append(timed(r.training.optimizer.step, device, seconds))
+            log = SentLog()
+            with log:
+                r.step()
+            calls.append(log.calls)
+            memory.append(step_memory(r, device))
+    sends = [[c.size for c in stage if c.kind == SEND] for stage in calls]
+    # GPipe runs every forward first: stage i's first sends are its activations to i + 1
+    microbatches = len(sends[0]) // grad_accum
+    reduced = [c.size for stage in calls for c in stage if c.kind == ALL_REDUCE]
+    slowest = max(range(dims.pipeline), key=lambda i: step_s[i])
+    return DataPipelineProfile(
+        stage_s=[(t - o) / (grad_accum * microbatches) for t, o in zip(step_s, optimizer_s)],
+        boundary_bytes=[stage[0] for stage in sends[:-1]],
+        microbatches=microbatches,
+        optimizer_s=optimizer_s[slowest],
+        reduce_bytes=max(reduced, default=0),
+        memory=tuple(memory),
+    )

@@ -90,6 +90,10 @@ class LoopForward:
     new_graph_step: Callable[[], None]  # called before each forward
 
 
+def _always_reduce(_: bool) -> ContextManager[object]:
+    return nullcontext()
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Run:
     module: nn.Module  # holds the parameters this rank's optimizer updates
@@ -111,15 +115,18 @@ class _Run:
     # registry, which torch's global DTensor caches keep alive), so that destroying the groups
     # frees them and joins their threads (pipeline/launch/worker.py `exit_cleanly`)
     release: Callable[[], None] = lambda: None
+    # reduce_grads_if(is_last_micro_step): context for a micro-step's forward and backward
+    # (a DataParallelRun's, or a PipelinedRun's schedule run); with gradient accumulation,
+    # gradients are reduced across the data ranks only in the last one's
+    reduce_grads_if: Callable[[bool], ContextManager[object]] = _always_reduce
+    # called on every rank before each evaluation: ranks whose BatchNorm buffers drifted
+    # apart take the writer's, so the reported test accuracy is that of the saved model
+    before_eval: Callable[[], None] = lambda: None
 
     def state_dict(self) -> StateDict:
         if self.full_state_dict is not None:
             return self.full_state_dict()
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-
-
-def _always_reduce(_: bool) -> ContextManager[object]:
-    return nullcontext()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,17 +135,13 @@ class DataParallelRun(_Run):
     the loss from the logits and calls backward."""
 
     forward: Callable[[torch.Tensor], torch.Tensor]  # images -> logits on the writer's device
-    # reduce_grads_if(is_last_micro_step): context for a micro-step's backward; with gradient
-    # accumulation, gradients are reduced across ranks only in the last one's
-    reduce_grads_if: Callable[[bool], ContextManager[object]] = _always_reduce
-    # called on every rank before each evaluation: ranks whose BatchNorm buffers drifted
-    # apart take the writer's, so the reported test accuracy is that of the saved model
-    before_eval: Callable[[], None] = lambda: None
 
 
 @dataclass(frozen=True, kw_only=True)
 class PipelinedRun(_Run):
-    """The model is cut into stages; a schedule runs forward and backward through them."""
+    """The model is cut into stages; a schedule runs forward and backward through them
+    (where data ranks each run such a pipeline, `reduce_grads_if` averages every stage's
+    gradients over its data group after the step's last schedule run)."""
 
     # (images, labels, training) -> logits on the loss-holding rank, None elsewhere
     step: Callable[[torch.Tensor, torch.Tensor, bool], Optional[torch.Tensor]]

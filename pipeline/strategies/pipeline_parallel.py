@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -170,25 +170,57 @@ def parallelize(
     if ctx.world_size == 1:
         run = looped(model, options, ctx, bounds, loss_fn, step_batch)
         return replace(run, notes=(*notes, *run.notes))
-    first, end = bounds[ctx.rank], bounds[ctx.rank + 1]
+    cut = StageCut(bounds, ctx.rank, step_batch // chunks, chunks, options.schedule)
+    run = stage_run(model, cut, loss_fn, ctx, autocast)
+    return replace(run, notes=tuple(notes))
+
+
+@dataclass(frozen=True)
+class StageCut:
+    """One rank's stage of a pipeline: the blocks cut at `bounds`, its stage `index`, its
+    schedule's micro-batches (`microbatches` of `chunk` samples) and the ranks of its
+    pipeline in stage order (`group`; None: the whole job)."""
+
+    bounds: list[int]
+    index: int
+    chunk: int
+    microbatches: int
+    schedule: str  # gpipe | 1f1b
+    group: Optional[dist.ProcessGroup] = None
+
+    @property
+    def stages(self) -> int:
+        return len(self.bounds) - 1
+
+
+def stage_run(
+    model: nn.Sequential, cut: StageCut, loss_fn: Loss, ctx: DistContext, autocast: Autocast
+) -> PipelinedRun:
+    """This rank's stage of `cut`, run by its schedule with its neighbours in `cut.group`
+    (pipeline_parallel's, and each data rank's pipeline in a hybrid): the writer is the
+    last stage, which gathers the whole model's state from its group's stages."""
+    first, end = cut.bounds[cut.index], cut.bounds[cut.index + 1]
     # The stage's metadata, stated rather than inferred at the first step by an exchange with
     # its neighbours: so a rank also runs alone, under the fake process group, where the
     # predict stage measures it (scaling/profile.py)
-    inputs, outputs = boundary_examples(model, first, end, step_batch // chunks, autocast)
+    inputs, outputs = boundary_examples(model, first, end, cut.chunk, autocast)
     blocks = stage_blocks(model, first, end)
     stage = PipelineStage(
         blocks,
-        ctx.rank,
-        stages,
+        cut.index,
+        cut.stages,
         ctx.device,
         input_args=inputs,
         output_args=outputs,
         # the gradients that travel back have the activations' shapes and dtypes
         output_grads=None if end == len(model) else torch.zeros_like(outputs),
         input_grads=None if first == 0 else torch.zeros_like(inputs),
+        group=cut.group,
     )
-    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[options.schedule]
-    schedule = schedule_class(stage, n_microbatches=chunks, loss_fn=loss_fn, scale_grads=False)
+    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cut.schedule]
+    schedule = schedule_class(
+        stage, n_microbatches=cut.microbatches, loss_fn=loss_fn, scale_grads=False
+    )
 
     def pipeline_step(x: torch.Tensor, y: torch.Tensor, training: bool) -> Optional[torch.Tensor]:
         inputs = (x,) if stage.is_first else ()
@@ -199,8 +231,9 @@ def parallelize(
 
     def full_state_dict() -> StateDict:
         mine = {k: v.detach().cpu() for k, v in blocks.state_dict().items()}
-        parts: list[Any] | None = [None] * stages if stage.is_last else None
-        dist.gather_object(mine, parts, dst=stages - 1)  # a collective: every stage sends
+        parts: list[Any] | None = [None] * cut.stages if stage.is_last else None
+        # a collective over the pipeline's stages: every one sends
+        dist.gather_object(mine, parts, group=cut.group, group_dst=cut.stages - 1)
         return {k: v for part in parts or () for k, v in part.items()}
 
     return PipelinedRun(
@@ -208,10 +241,9 @@ def parallelize(
         step=pipeline_step,
         writer=stage.is_last,
         devices=ctx.devices_of_ranks(),
-        batch_split=[step_batch] * stages,
+        batch_split=[cut.chunk * cut.microbatches] * ctx.world_size,
         full_state_dict=full_state_dict,
-        notes=tuple(notes),
-        eval_batch_size=step_batch,
+        eval_batch_size=cut.chunk * cut.microbatches,
     )
 
 

@@ -132,8 +132,11 @@ def synced_batch_norm(x: torch.Tensor, bn: BatchNormState, group: Group = None) 
 
 
 class GlooSyncBatchNorm(nn.BatchNorm2d):
+    # the ranks whose samples it normalises together; None: the whole job
+    group: Group = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or not dist.is_initialized() or dist.get_world_size() == 1:
+        if not self.training or not dist.is_initialized() or dist.get_world_size(self.group) == 1:
             return super().forward(x)
         state = BatchNormState(
             self.weight,
@@ -144,17 +147,24 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
             self.momentum,
             self.eps,
         )
-        return synced_batch_norm(x, state)
+        return synced_batch_norm(x, state, self.group)
 
 
-def convert_sync_batchnorm(model: nn.Sequential, on_cuda: bool) -> nn.Sequential:
-    """The same model with every BatchNorm synchronised across the process group."""
-    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model) if on_cuda else _swap_cpu(model)
+def convert_sync_batchnorm(
+    model: nn.Sequential, on_cuda: bool, group: Group = None
+) -> nn.Sequential:
+    """The same model with every BatchNorm synchronised across `group` (None: the whole
+    process group)."""
+    converted = (
+        nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+        if on_cuda
+        else _swap_cpu(model, group)
+    )
     assert isinstance(converted, nn.Sequential)  # only the BatchNorm layers are replaced
     return converted
 
 
-def _swap_cpu(module: nn.Module) -> nn.Module:
+def _swap_cpu(module: nn.Module, group: Group) -> nn.Module:
     if isinstance(module, nn.BatchNorm2d) and not isinstance(module, GlooSyncBatchNorm):
         # made in the layer's dtype, so its values are copied, not rounded (an fp64 layer)
         like: torch.Tensor | None = next(module.parameters(), None)
@@ -170,9 +180,10 @@ def _swap_cpu(module: nn.Module) -> nn.Module:
             dtype=None if like is None else like.dtype,
         )
         new.load_state_dict(module.state_dict())
+        new.group = group
         return new
     for name, child in module.named_children():
-        setattr(module, name, _swap_cpu(child))
+        setattr(module, name, _swap_cpu(child, group))
     return module
 
 

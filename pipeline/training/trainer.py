@@ -170,13 +170,13 @@ class Trainer:
         for micro, (x, y) in enumerate(micro_batches):
             self.training.new_graph_step()  # the last step's outputs are consumed (totals)
             logits: torch.Tensor | None
-            if isinstance(run, PipelinedRun):
-                with prec.autocast():  # the schedule runs forward and backward itself
-                    logits = run.step(x, y, True)
-            else:
-                assert self.training.forward is not None  # a DataParallelRun always has one
-                # gradients are reduced across ranks in the step's last micro-step alone
-                with run.reduce_grads_if(micro == last):
+            # gradients are reduced across the data ranks in the step's last micro-step alone
+            with run.reduce_grads_if(micro == last):
+                if isinstance(run, PipelinedRun):
+                    with prec.autocast():  # the schedule runs forward and backward itself
+                        logits = run.step(x, y, True)
+                else:
+                    assert self.training.forward is not None  # a DataParallelRun has one
                     with prec.autocast():
                         logits = self.training.forward(x)
                         # this rank's mean over its share, / grad_accum: the accumulated
@@ -219,8 +219,7 @@ class Trainer:
         run, prec, plan = training.run, training.prec, training.plan
         if isinstance(run, PipelinedRun):
             eval_batch_size = run.eval_batch_size  # the schedule keeps its training shapes
-        else:
-            run.before_eval()
+        run.before_eval()
         run.module.eval()
         batches, counts = eval_shard(
             len(data.test_labels), plan.data_rank(self.ctx.rank), plan.data_world, eval_batch_size

@@ -1,13 +1,16 @@
 """Parallelisms composed on one device mesh (pipeline/parallel_dims.py) train the model
 `single` trains: channel_parallel (the notes' 通道并行) at 2 and 4 processes, and hybrids
-(data x channel, FSDP x channel) at 4, for real, torchrun on the CPU (gloo), in fp64 with
-gradient accumulation (2 micro-steps: the data replicas' and FSDP's no-sync paths in play).
+(data x channel, FSDP x channel, data x pipeline) at 4, for real, torchrun on the CPU (gloo),
+in fp64 with gradient accumulation (2 micro-steps: the data replicas' and FSDP's no-sync
+paths in play, and a pipeline's gradients averaged after its second schedule run alone).
 
 Channel shards compute every split layer's share and sum the partial outputs in a different
 order than one device's kernel does, so they differ from `single` by rounding alone: in fp64
 measured at most 3e-16 after 10 steps; bound 1e-9 as test_parity.py's. Their checkpoints hold
 the split tensors as DTensors with their global shapes, so a run saved by 4 processes resumes
-at 2, and at another factorization of its 4 (data x channel 2x2 -> 1x4)."""
+at 2, and at another factorization of its 4 (data x channel 2x2 -> 1x4); a data x pipeline
+run's stages save their blocks under the plain model's names, so 2x2 resumes as 1 x 4
+stages, cut elsewhere."""
 
 from __future__ import annotations
 
@@ -39,6 +42,11 @@ RUNS = [
         "fsdp_x_channel",
         "hybrid",
         [*TEN_STEPS, "hybrid.data=1", "hybrid.shard=2", "hybrid.channel=2"],
+    ),
+    (
+        "data_x_pipeline",
+        "hybrid",
+        [*TEN_STEPS, "hybrid.data=2", "hybrid.pipeline=2", "hybrid.channel=1"],
     ),
 ]
 
@@ -129,13 +137,20 @@ RESUMES = [
         "4",
         "4",
     ),
+    (
+        "hybrid",
+        ["hybrid.data=2", "hybrid.pipeline=2", "hybrid.channel=1"],
+        ["hybrid.data=1", "hybrid.pipeline=4", "hybrid.channel=1"],
+        "4",
+        "4",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "name, saved_by, resumed_by, before, after",
     RESUMES,
-    ids=["channel_4_to_2", "hybrid_2x2_to_1x4"],
+    ids=["channel_4_to_2", "hybrid_2x2_to_1x4", "data_x_pipeline_2x2_to_1x4"],
 )
 def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before, after):
     """With SGD momentum (optimizer state to reshard), 3 epochs of 3 steps in fp64; the
@@ -177,8 +192,13 @@ def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before
         (["channel_parallel", "channel_parallel.nproc=3"], "channel_parallel", "multiple of 3"),
         (["hybrid", "hybrid.data=1", "hybrid.channel=3"], "hybrid", "multiple of 3"),
         (["hybrid", "hybrid.data=3", "hybrid.channel=1"], "train.batch_size", "3 x 1"),
+        (
+            ["hybrid", "hybrid.data=1", "hybrid.pipeline=7", "hybrid.channel=1"],
+            "hybrid.pipeline",
+            "expected at most 6",
+        ),
     ],
-    ids=["channel_width", "hybrid_width", "hybrid_batch"],
+    ids=["channel_width", "hybrid_width", "hybrid_batch", "hybrid_stages"],
 )
 def test_what_does_not_divide_exits_2_before_any_process(
     fetched, tmp_path, overrides, key, expected

@@ -1,13 +1,16 @@
 """The mesh's pieces without processes: hybrid's mesh fitted to a GPU count and its layouts
-for a prediction, what channel parallelism declares it sends against what its code sends
-(under torch's fake process group), and a prediction's layouts in the report."""
+for a prediction, data x pipeline's refusals, what channel parallelism declares it sends
+against what its code sends (under torch's fake process group), and a prediction's layouts
+in the report."""
 
 import itertools
 
 import pytest
 import torch
 
+from pipeline.batch_plan import BatchPlan
 from pipeline.config import HybridConfig
+from pipeline.errors import UserError
 from pipeline.reporting.predicted import combine, layout_picks, mlflow_metrics
 from pipeline.resnet import build_model
 from pipeline.scaling.profile import SentLog, fake_world
@@ -51,6 +54,82 @@ def test_layouts_vary_the_dimensions_the_section_uses(n):
     assert all(o.shard == 1 for o in laid)
     fsdp_x_channel = hybrid.layouts(HybridConfig(data=1, shard=2, channel=2), n)
     assert all(o.data == 1 and o.shard * o.channel == n for o in fsdp_x_channel)
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+def test_a_pipelines_mesh_is_as_asked_never_fitted(world):
+    dims = hybrid.mesh(HybridConfig(data=2, pipeline=2, channel=1), world)
+    assert (dims.replicate, dims.shard, dims.pipeline, dims.channel) == (2, 1, 2, 1)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_layouts_of_data_x_pipeline_are_every_factorization_with_a_block_a_stage(n):
+    laid = hybrid.layouts(HybridConfig(data=2, pipeline=2, channel=1, microbatches=2), n)
+    assert [(o.data, o.pipeline) for o in laid] == [
+        (a, n // a) for a in range(1, n + 1) if n % a == 0 and n // a <= 6
+    ]
+    assert all(o.channel == o.shard == 1 and o.microbatches == 2 for o in laid)
+    assert [(o.data, o.channel) for o in hybrid.layouts(HybridConfig(), n)] == [
+        (a, n // a) for a in range(1, n + 1) if n % a == 0
+    ]  # the default section (data x channel) is laid out over data and channel alone
+
+
+def test_data_x_pipeline_takes_its_product_of_processes():
+    plan = BatchPlan.make(32, 2)
+    options = HybridConfig(data=2, pipeline=2, channel=1)
+    assert hybrid.nproc(options, plan, 0) == 4  # the CPU's
+    assert hybrid.nproc(options, plan, 4) == 4  # 4 GPUs
+    assert hybrid.nproc(HybridConfig(data=1, pipeline=6, channel=1), plan, 0) == 6
+
+
+@pytest.mark.parametrize(
+    "options, n_gpus, key, expected",
+    [
+        (
+            HybridConfig(data=2, pipeline=2, channel=2),
+            0,
+            "hybrid.pipeline",
+            "channel 1 and shard 1",
+        ),
+        (
+            HybridConfig(data=1, shard=2, pipeline=2, channel=1),
+            0,
+            "hybrid.pipeline",
+            "channel 1 and shard 1",
+        ),
+        (HybridConfig(data=1, pipeline=7, channel=1), 0, "hybrid.pipeline", "at most 6"),
+        (HybridConfig(data=2, pipeline=2, channel=1), 3, "hybrid.pipeline", "product to be 3"),
+        (HybridConfig(data=3, pipeline=2, channel=1), 0, "train.batch_size", "3 x 2"),
+        (
+            HybridConfig(data=2, pipeline=2, channel=1, microbatches=3),
+            0,
+            "hybrid.microbatches",
+            "32 / 2 / 2 = 8",
+        ),
+    ],
+    ids=["with_channel", "with_shard", "stages_over_blocks", "gpus", "batch", "microbatches"],
+)
+def test_data_x_pipeline_refuses_what_it_cannot_run_naming_the_key(options, n_gpus, key, expected):
+    with pytest.raises(UserError) as err:
+        hybrid.nproc(options, BatchPlan.make(32, 2), n_gpus)
+    message = str(err.value)
+    assert message.startswith(f"{key}: ") and expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "options, same",
+    [
+        (HybridConfig(data=2, pipeline=2, channel=1), True),
+        (HybridConfig(data=2, pipeline=2, channel=1, microbatches=2), True),
+        (HybridConfig(data=4, pipeline=1, channel=1, microbatches=2), False),
+        (HybridConfig(data=2, pipeline=2, channel=1, sync_bn=False), False),
+        (HybridConfig(), True),
+    ],
+)
+def test_a_checkpoint_reshards_where_every_factorization_computes_the_same(options, same):
+    """A pipeline's micro-batches are the same samples at any data x pipeline factorization
+    with sync_bn (data_pipeline.py); without stages `microbatches` does not apply."""
+    assert hybrid.FACTS.same_at_any_world_size(options) is same
 
 
 @pytest.mark.parametrize("world", [2, 4])

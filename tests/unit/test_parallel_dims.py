@@ -93,3 +93,16 @@ def test_a_dimension_below_one_is_refused():
 def test_describe_names_the_dimensions_that_split():
     assert ParallelDims().describe() == "1 rank"
     assert ParallelDims(shard=2, channel=4).describe() == "shard 2 x channel 4"
+
+
+def test_data_x_pipeline_lays_each_data_ranks_stages_side_by_side():
+    """hybrid {data: 2, pipeline: 2}: ranks 0, 1 are data rank 0's stages 0 and 1; each
+    stage's gradients are averaged over the ranks that hold it."""
+    dims = ParallelDims(replicate=2, pipeline=2)
+    assert dims.group_ranks("pipeline") == [[0, 1], [2, 3]]
+    assert dims.group_ranks("replicate", "shard") == [[0, 2], [1, 3]]
+    assert [dims.data_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    assert [dims.coords(r)["pipeline"] for r in range(4)] == [0, 1, 0, 1]
+    assert dims.describe() == "replicate 2 x pipeline 2"
+    layouts = factorizations(4, ("replicate", "pipeline"))
+    assert [(d.replicate, d.pipeline) for d in layouts] == [(1, 4), (2, 2), (4, 1)]

@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from pipeline.config import load_config
+from pipeline.parallel_dims import ParallelDims
 from pipeline.reporting.predicted import combine, text
 from pipeline.resnet import block_flops, build_model
 from pipeline.run_spec import resolve_run
 from pipeline.scaling import checked
 from pipeline.scaling.checked import not_predicted_document
 from pipeline.scaling.prediction import REPLICAS_ON_A_CPU
-from pipeline.scaling.profile import measure_rank, measure_stages
+from pipeline.scaling.profile import measure_data_pipeline, measure_rank, measure_stages
 from pipeline.scaling.stage import predict_strategy, the_link
 from pipeline.scaling.step_time import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from pipeline.strategies.pipeline_parallel import split_points
@@ -92,6 +93,28 @@ def test_a_pipelines_stages_are_the_strategys_split_and_send_the_cut_activations
         sizes.append(x.numel() * x.element_size())
     assert profile.micro_batch == 16 and len(profile.stage_s) == 3
     assert profile.boundary_bytes == sizes
+    assert all(s > 0 for s in profile.stage_s) and profile.optimizer_s > 0
+
+
+def test_a_data_x_pipeline_layouts_stages_send_the_cut_and_reduce_their_own_gradients():
+    """hybrid data 2 x pipeline 2, as data rank 0's two stage ranks step it under the fake
+    process group: stage 0 sends its micro-batches' activations (16 samples a data rank, 2
+    pipeline micro-batches of 8), and the largest all-reduce is a stage's own gradients."""
+    run = spec(
+        "hybrid", "hybrid.data=2", "hybrid.pipeline=2", "hybrid.channel=1", "hybrid.microbatches=2"
+    )
+    profile = measure_data_pipeline(run, ParallelDims(replicate=2, pipeline=2), CPU, FEW)
+    model = build_model(4, 0)
+    cut = split_points(block_flops(model), 2)[1]
+    x = model[:cut](torch.zeros(8, 1, 28, 28))
+    assert profile.microbatches == 2
+    assert profile.boundary_bytes == [x.numel() * x.element_size()]
+    stage_bytes = [
+        sum(p.numel() * p.element_size() for p in blocks.parameters())
+        for blocks in (model[:cut], model[cut:])
+    ]
+    assert profile.reduce_bytes == max(stage_bytes)
+    assert [m.rank for m in profile.memory] == [0, 1]
     assert all(s > 0 for s in profile.stage_s) and profile.optimizer_s > 0
 
 

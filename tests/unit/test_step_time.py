@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.scaling.links import GB, PRESETS, Link, nccl_tests_busbw, parse_link
+from pipeline.scaling.prediction import data_pipeline_step
+from pipeline.scaling.profile import DataPipelineProfile
 from pipeline.scaling.step_time import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -98,6 +100,25 @@ def test_a_pipelines_sends_and_accumulation_and_optimizer_add_up():
     assert step.comm_s == pytest.approx(2 * 4 * send)
     with pytest.raises(ValueError, match="boundaries"):
         pipeline_step([0.1, 0.1], [], 2, 1, 0.0, LINK)
+
+
+@pytest.mark.parametrize("data", [1, 2, 4])
+def test_data_x_pipeline_is_the_pipelines_step_then_its_data_groups_all_reduce(data):
+    profile = DataPipelineProfile(
+        stage_s=[0.02, 0.03],
+        boundary_bytes=[4_000_000],
+        microbatches=2,
+        optimizer_s=0.005,
+        reduce_bytes=8_000_000,
+        memory=(),
+    )
+    alone = pipeline_step([0.02, 0.03], [4_000_000], 2, 3, 0.005, LINK)
+    step = data_pipeline_step(profile, data, 3, LINK)
+    reduce_s = collective_seconds(ALL_REDUCE, 8_000_000, data, LINK)
+    assert (reduce_s == 0) is (data == 1)  # one data rank reduces nothing
+    assert step.step_s == pytest.approx(alone.step_s + reduce_s)
+    assert step.exposed_s == pytest.approx(alone.exposed_s + reduce_s)
+    assert (step.compute_s, step.bubble_s) == (alone.compute_s, alone.bubble_s)
 
 
 def test_the_presets_are_the_issues_figures():

@@ -1,0 +1,1 @@
+../../pipeline/strategies/data_pipeline.py

@@ -1,0 +1,1 @@
+../../pipeline/strategies/pipeline_parallel.py
