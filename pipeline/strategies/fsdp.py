@@ -13,20 +13,16 @@ optimizer updates keep the model's dtype.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import cast
 
-import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import FsdpConfig
 from pipeline.context import DistContext
 from pipeline.parallel_dims import ParallelDims
-from pipeline.resnet import RESIDUAL_STAGES
 from pipeline.strategies.base import (
     Autocast,
     DataParallelRun,
@@ -35,6 +31,7 @@ from pipeline.strategies.base import (
     gathered_state,
     gpu_count_or_nproc,
 )
+from pipeline.strategies.fsdp_units import gradient_sync_if, shard
 from pipeline.strategies.sync_batchnorm import batchnorm_synced, rank_batchnorm
 
 FACTS = StrategyFacts(
@@ -50,30 +47,9 @@ FACTS = StrategyFacts(
     sharded_parameters=True,
 )
 
-PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def nproc(options: FsdpConfig, plan: BatchPlan, n_gpus: int) -> int:
     return gpu_count_or_nproc(n_gpus, options.nproc)
-
-
-def shard(model: nn.Sequential, mesh: DeviceMesh, mixed_precision: str) -> None:
-    """fully_shard each residual stage, then the root (it takes the stem and the head)."""
-    policy = MixedPrecisionPolicy()
-    if mixed_precision != "none":
-        low = PARAM_DTYPES[mixed_precision]
-        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
-        # BatchNorm keeps its parameters in the model's dtype, as FSDP1's MixedPrecision does
-        # by default: statistics of low-precision activations are computed at full precision,
-        # and the output is cast back to `low` for the next convolution (the CPU sync
-        # BatchNorm returns full precision, which a `low` convolution would refuse).
-        keep_full = MixedPrecisionPolicy(output_dtype=low)
-        for module in list(model.modules()):
-            if isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm)):
-                fully_shard(module, mesh=mesh, mp_policy=keep_full)
-    for index in RESIDUAL_STAGES:
-        fully_shard(model[index], mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def parallelize(
@@ -85,12 +61,6 @@ def parallelize(
     shard(model, mesh, options.mixed_precision)
 
     sharded = cast(FSDPModule, model)  # fully_shard made the model an FSDPModule in place
-
-    @contextmanager
-    def reduce_grads_if(is_last: bool) -> Iterator[None]:
-        sharded.set_requires_gradient_sync(is_last)
-        yield
-
     notes = list(batchnorm.notes)
     if options.mixed_precision != "none":
         notes.append(
@@ -104,7 +74,7 @@ def parallelize(
         writer=ctx.is_main,
         devices=ctx.devices_of_ranks(),
         batch_split=[plan.per_rank] * ctx.world_size,
-        reduce_grads_if=reduce_grads_if,
+        reduce_grads_if=gradient_sync_if(sharded),
         full_state_dict=lambda: gathered_state(model),
         notes=tuple(notes),
         before_eval=batchnorm.before_eval,

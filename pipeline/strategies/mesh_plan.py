@@ -1,7 +1,8 @@
 """A job's device mesh (pipeline/parallel_dims.py) applied to the plain model, one small
 function per dimension, in a fixed order: channel first (it changes the layers), then the data
 dimensions over what is left, FSDP2 where they shard, else replicas. Used by channel_parallel
-and hybrid; ddp and fsdp are these same dimensions alone, in modules of their own.
+and hybrid; ddp and fsdp are these same dimensions alone, in modules of their own (the
+shards are fsdp's own units and sync, fsdp_units.py, over the mesh's data dimensions).
 
 Data replicas around channel shards reduce their gradients after the step's last backward,
 bucketed into one all-reduce over the data group: DDP's reducer cannot take the DTensor
@@ -20,14 +21,15 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.context import DistContext
 from pipeline.parallel_dims import ParallelDims
-from pipeline.resnet import CHANNEL_PLAN, INPUT_SHAPE, RESIDUAL_STAGES, residual_blocks
+from pipeline.resnet import CHANNEL_PLAN, INPUT_SHAPE, residual_blocks
 from pipeline.strategies.base import DataParallelRun, gathered_state
 from pipeline.strategies.channel_split import local, split_bytes, split_channels
+from pipeline.strategies.fsdp_units import gradient_sync_if, shard
 from pipeline.strategies.sync_batchnorm import Group, convert_sync_batchnorm
 
 # a DataParallelRun's reduce_grads_if: the context of a micro-step's backward, given whether it
@@ -88,15 +90,6 @@ def traffic_note(model: nn.Sequential, plan: dict[nn.Module, str], n: int, sampl
     )
 
 
-def apply_fsdp(model: nn.Sequential, mesh: DeviceMesh) -> FSDPModule:
-    """FSDP2 over the data shards (a 2-D mesh: HSDP), each residual stage a unit, then the
-    root, as fsdp.py shards."""
-    for index in RESIDUAL_STAGES:
-        fully_shard(model[index], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return cast(FSDPModule, model)
-
-
 def replica_reduction(model: nn.Module, group: Group, replicas: int) -> Iterator[None]:
     """After the last micro-step's backward, every gradient averaged over the data replicas
     in one bucket (its own shard of a channel-split one)."""
@@ -128,8 +121,8 @@ def apply_mesh(
         model = convert_sync_batchnorm(model, ctx.on_cuda)
     if dims.shard > 1:
         names = tuple(n for n in ("replicate", "shard") if getattr(dims, n) > 1)
-        sharded = apply_fsdp(model, mesh[names])
-        reduce_grads_if = fsdp_sync(sharded)
+        shard(model, mesh[names], mixed_precision="none")  # fsdp's units; a 2-D mesh: HSDP
+        reduce_grads_if = gradient_sync_if(cast(FSDPModule, model))
     elif dims.replicate > 1:
         reduce_grads_if = replicated_sync(model, group, dims.replicate)
     else:
@@ -174,14 +167,5 @@ def replicated_sync(model: nn.Module, group: Group, replicas: int) -> ReduceGrad
             yield from replica_reduction(model, group, replicas)
         else:
             yield
-
-    return reduce_grads_if
-
-
-def fsdp_sync(sharded: FSDPModule) -> ReduceGradsIf:
-    @contextmanager
-    def reduce_grads_if(is_last: bool) -> Iterator[None]:
-        sharded.set_requires_gradient_sync(is_last)
-        yield
 
     return reduce_grads_if

@@ -1,0 +1,1 @@
+../../pipeline/strategies/fsdp_units.py
