@@ -115,6 +115,7 @@ def assert_edit_stales(project, module: str, stages: set[str]) -> None:
 EVERY_TRAIN_STAGE = {f"train@{name}" for name in NAMES}
 # ddp's and fsdp's sync_bn, and the mesh's BatchNorm over its data ranks
 SYNC_BN_USERS = ("ddp", "fsdp", "channel_parallel", "hybrid")
+PIPELINE_USERS = ("pipeline_parallel", "hybrid")
 EVERY_PREDICT_STAGE = {f"predict@{name}" for name in NAMES}
 
 
@@ -143,9 +144,9 @@ def every_stage_recorded(tmp_path_factory, http_mirror):
     "module,stages",
     [
         ("pipeline/strategies/fsdp.py", {"train@fsdp", "predict@fsdp"}),
-        (
+        (  # the hybrid's data x pipeline runs pipeline_parallel's stages (data_pipeline.py)
             "pipeline/strategies/pipeline_parallel.py",
-            {"train@pipeline_parallel", "predict@pipeline_parallel"},
+            {f"{stage}@{name}" for stage in ("train", "predict") for name in PIPELINE_USERS},
         ),
         ("pipeline/strategies/gpu0_autotune.py", {"train@balanced_dp", "predict@balanced_dp"}),
         # helpers shared by some strategies: theirs

@@ -42,10 +42,15 @@ def test_either_order_on_a_new_store_gives_the_same_answer(fetched_project):
         assert noise["group"] == ["single", "dp", "balanced_dp"], name
         assert noise["floors"]["throughput"] is not None, name
         assert noise["text"].startswith("Speed noise: single, dp and balanced_dp run"), name
-        # the A/A group is one computation: where one of it leads, all of it ties
-        picks = answer["objectives"]["throughput"]["strategies"]
+        # the A/A group is one computation: where one of it leads, all of it that was ranked
+        # ties (a run that waited over half its time for a core is shown, not ranked)
+        throughput = answer["objectives"]["throughput"]
+        picks = throughput["strategies"]
+        busy = "machine busy: not ranked: "
+        reasons = throughput["reasons"]
+        shown = {r.removeprefix(busy).split()[0] for r in reasons if r.startswith(busy)}
         if picks[0] in noise["group"]:
-            assert set(noise["group"]) <= set(picks), (name, picks)
+            assert set(noise["group"]) - shown <= set(picks), (name, reasons)
     assert forward["objectives"]["memory_balance"]["strategies"] == []  # one device each
     for objective, told in forward["objectives"].items():
         again = reverse["objectives"][objective]
