@@ -261,17 +261,27 @@ def stand_in_for_ddp_all_reduce(training: Training, log: SentLog) -> None:
     module.register_comm_hook(None, reduced)
 
 
-def timed(step: Callable[[], None], device: torch.device, seconds: float) -> float:
+def timed(
+    step: Callable[[], None],
+    device: torch.device,
+    seconds: float,
+    warm_up: Sequence[Callable[[], None]] = (),
+) -> float:
     """Seconds of one call of `step`, as an epoch sees it: the mean over a block of calls
     (at least BLOCK_STEPS, at least `seconds` / BLOCKS), the median of BLOCKS blocks, after
     WARM_STEPS untimed ones (and `seconds` / 2). Per-call timings on a busy 2-core machine
-    read 10 to 20% above an epoch's mean; blocks do not."""
+    read 10 to 20% above an epoch's mean; blocks do not. `warm_up`: the first untimed calls,
+    each a step of its own that is read for something else (its traffic, its memory), so
+    that reading it costs no step beyond the warm-up's; they count toward both minimums."""
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    start, done = time.perf_counter(), 0
+    start = time.perf_counter()
+    for first in warm_up:
+        first()
+    done = len(warm_up)
     while done < WARM_STEPS or time.perf_counter() - start < seconds / 2:
         step()
         done += 1
@@ -372,23 +382,33 @@ def measure_rank(
 ) -> RankProfile:
     """Rank 0 of a `world_size` job of `spec`'s data-parallel strategy, its steps timed for
     `seconds` (timed), and its step's memory at the peak; with sharded parameters, the last
-    rank's memory too."""
+    rank's memory too. The traffic and the memory are read on the warm-up's second and third
+    steps: after the first has made the gradients and the optimizer's states (and DDP has
+    rebuilt its buckets), every step allocates and sends the same."""
     steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
     with fake_world(world_size, device) as ctx, one_rank(spec, ctx, device, steps) as rank:
         log = SentLog()
         stand_in_for_ddp_all_reduce(rank.training, log)
-        step_s = timed(rank.step, device, seconds)
-        # what one more step sends, read apart: the dispatcher mode sees every operator in
-        # Python, which would add a third to a small model's step on a CPU
-        log.calls.clear()
-        with log:
-            rank.step()
-        sent = Traffic(tuple(log.calls))
-        memory = [step_memory(rank, device)]
+        traffic: list[Traffic] = []
+        memory: list[RankMemory] = []
+
+        def sent() -> None:
+            # the dispatcher mode sees every operator in Python, which would add a third to a
+            # small model's step on a CPU: on for this one step alone (DDP's stand-in hook
+            # notes its buckets at every step: what this one sent is taken as it ends)
+            log.calls.clear()
+            with log:
+                rank.step()
+            traffic.append(Traffic(tuple(log.calls)))
+
+        def at_peak() -> None:
+            memory.append(step_memory(rank, device))
+
+        step_s = timed(rank.step, device, seconds, warm_up=(rank.step, sent, at_peak))
         per_rank = rank.training.plan.per_rank
     if spec.facts.sharded_parameters and world_size > 1:
         memory.append(fake_rank_memory(spec, world_size, device, world_size - 1))
-    return RankProfile(spec.name, world_size, per_rank, step_s, sent, tuple(memory))
+    return RankProfile(spec.name, world_size, per_rank, step_s, traffic[0], tuple(memory))
 
 
 def measure_step(
@@ -567,19 +587,27 @@ def measure_data_pipeline(
     """Each stage of `spec`'s data x pipeline mesh `dims` (data rank 0's ranks 0..p-1), as
     its rank of the job under the fake process group: its step timed, less its optimizer's
     step (timed apart), over the schedule's micro-batches; its sends and its gradients'
-    all-reduce read off one more step; its step at the peak."""
+    all-reduce read off a step and its peak off another, both of the warm-up (measure_rank)."""
     steps = WARM_STEPS + BLOCKS * BLOCK_STEPS
     grad_accum = spec.plan.grad_accum
-    step_s, optimizer_s, calls, memory = [], [], [], []
+    step_s: list[float] = []
+    optimizer_s: list[float] = []
+    calls: list[list[Call]] = []
+    memory: list[RankMemory] = []
     for rank in range(dims.pipeline):
         with fake_world(dims.world, device, rank) as ctx, one_rank(spec, ctx, device, steps) as r:
-            step_s.append(timed(r.step, device, seconds))
+
+            def sent(r: BuiltRank = r) -> None:
+                log = SentLog()
+                with log:
+                    r.step()
+                calls.append(log.calls)
+
+            def at_peak(r: BuiltRank = r) -> None:
+                memory.append(step_memory(r, device))
+
+            step_s.append(timed(r.step, device, seconds, warm_up=(r.step, sent, at_peak)))
             optimizer_s.append(timed(r.training.optimizer.step, device, seconds))
-            log = SentLog()
-            with log:
-                r.step()
-            calls.append(log.calls)
-            memory.append(step_memory(r, device))
     sends = [[c.size for c in stage if c.kind == SEND] for stage in calls]
     # GPipe runs every forward first: stage i's first sends are its activations to i + 1
     microbatches = len(sends[0]) // grad_accum
