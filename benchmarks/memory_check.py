@@ -9,6 +9,8 @@ way (MemTracker: profile.rank_memory), rank by rank.
     python -m benchmarks.memory_check --gpus 2 --set model.width=8
     python -m benchmarks.memory_check --device cuda     # the real ranks share the one GPU
     python -m benchmarks.memory_check --strategies channel_parallel hybrid
+    python -m benchmarks.memory_check --strategies hybrid --gpus 4 \
+        --set hybrid.data=2 hybrid.pipeline=2 hybrid.channel=1   # data x pipeline
 
 What is compared is the step's tensor memory, the part the prediction runs code for; the data
 each device holds beside it is arithmetic (prediction.DataSize), the same in both. On a CPU
@@ -36,7 +38,13 @@ from benchmarks.e2e import result_head
 from pipeline.config import load_config
 from pipeline.context import DistContext
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.profile import RankMemory, measure_rank, rank_memory, stage_memories
+from pipeline.scaling.profile import (
+    RankMemory,
+    measure_data_pipeline,
+    measure_rank,
+    rank_memory,
+    stage_memories,
+)
 
 STRATEGIES = ("ddp", "fsdp", "pipeline_parallel")
 GOAL = 0.05
@@ -97,12 +105,21 @@ def check(name: str, world: int, overrides: list[str], device: torch.device) -> 
     if name == "pipeline_parallel":  # a process per stage: as many stages as processes
         overrides = [*overrides, f"pipeline_parallel.stages={world}"]
     spec = resolve_run(load_config(None, overrides), name)
-    found = stage_memories(spec, device) if name == "pipeline_parallel" else None
-    predicted = {m.rank: m for m in found or measure_rank(spec, world, device, FEW).memory}
+    stages = 1  # the ranks of one data rank's pipeline, each a role of its own
+    if name == "pipeline_parallel":
+        found = stage_memories(spec, device)
+    elif (dims := spec.dims(world)).pipeline > 1:
+        stages = dims.pipeline  # a hybrid's data x pipeline: data rank 0's stages
+        found = measure_data_pipeline(spec, dims, device, FEW).memory
+    else:
+        found = measure_rank(spec, world, device, FEW).memory
+    predicted = {m.rank: m for m in found}
     real = real_ranks(name, world, overrides, device)
     ranks = {}
     for rank, measured in sorted(real.items()):
-        role = predicted.get(rank, predicted[0])
+        # a data rank's stages are neighbouring ranks (the mesh's inner dimension): rank r
+        # is stage r % stages of its pipeline
+        role = predicted[rank % stages] if stages > 1 else predicted.get(rank, predicted[0])
         mine, theirs = role.step_bytes, measured.step_bytes
         ranks[str(rank)] = {
             "predicted_as_rank": role.rank,

@@ -106,7 +106,8 @@ def combine(docs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
             # a hybrid's layouts of n devices, a row each, named by its layout
             laid_out = {f"{name} ({k})": r for k, r in each.get("layouts", {}).items()}
             for label, row in (laid_out or {name: each}).items():
-                row = {**row, "strategy": label, "band": doc["band"], "checked": doc["checked"]}
+                # a layout's own band where its strategy's does not cover it (checked.py)
+                row = {"band": doc["band"], "checked": doc["checked"], **row, "strategy": label}
                 if baseline is not None and "predicted_step_s" in row:
                     row["predicted_speedup"] = baseline / row["predicted_step_s"]
                     row["predicted_efficiency"] = row["predicted_speedup"] / row["devices_used"]

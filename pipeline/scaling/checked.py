@@ -47,6 +47,10 @@ BANDS = {
     },
     0.5: {"single": 0.13, "ddp": 0.39, "fsdp": 0.42, "pipeline_parallel": 0.07},
 }
+# a strategy predicted layout by layout (a hybrid): the mesh dimensions its checks' layouts
+# used. A layout using another (data x pipeline, FSDP x channel) was never run against its
+# prediction, so the strategy's band does not cover it
+CHECKED_DIMENSIONS = {"hybrid": frozenset({"replicate", "channel"})}
 UNCHECKED_ON_GPUS = "unchecked on GPUs: no multi-GPU run has checked the overlap model yet"
 
 
@@ -78,6 +82,18 @@ def band_text(strategy: str, on_gpu: bool, time_s: float) -> str:
         f"{timing:g} s ({files})"
     )
     return f"{checked}; {UNCHECKED_ON_GPUS}" if on_gpu else checked
+
+
+def layout_unchecked(strategy: str, used: tuple[str, ...]) -> Optional[str]:
+    """Why a layout using the mesh dimensions `used` has no band though its strategy has one
+    (None: the strategy's band holds for it)."""
+    checked = CHECKED_DIMENSIONS.get(strategy)
+    if checked is None or set(used) <= checked:
+        return None
+    return (
+        f"no band: {strategy}'s checks ran {' and '.join(sorted(checked))} layouts, not "
+        f"{' x '.join(used)}"
+    )
 
 
 NONE_ASKED = "not predicted: predict.gpus is empty"

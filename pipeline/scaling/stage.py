@@ -20,7 +20,7 @@ from pipeline.errors import UserError
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.checked import band, band_text
+from pipeline.scaling.checked import band, band_text, layout_unchecked
 from pipeline.scaling.gloo_link import BANDWIDTH_BYTES, WORLD, measure_gloo_link
 from pipeline.scaling.kept_link import KEPT_LINKS, kept_link, this_machine
 from pipeline.scaling.links import PRESETS, Link, check_link
@@ -131,7 +131,12 @@ def predict_strategy(
             for options in spec.facts.layouts(spec.options, n):
                 laid_out = replace(spec, options=options)
                 at = Measurements(laid_out, device, cfg.predict.time_s)
-                rows[laid_out.dims(n).describe()] = predicted_or_why(at, n, given, data)
+                dims = laid_out.dims(n)
+                row = predicted_or_why(at, n, given, data)
+                unchecked = layout_unchecked(name, dims.used)
+                if unchecked is not None:  # the strategy's band is its checked layouts'
+                    row = {**row, "band": None, "checked": unchecked}
+                rows[dims.describe()] = row
             doc["by_devices"][str(n)] = {"strategy": name, "layouts": rows}
     return doc
 

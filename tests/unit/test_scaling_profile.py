@@ -264,3 +264,40 @@ def test_syncbatchnorms_gather_into_one_row_passes_the_fake_group(name):
         with pytest.raises(RuntimeError, match="must match"):  # what the fake group does
             torchs(torch.empty(1, 34), stats)
     assert getattr(torch.distributed, name) is torchs  # put back
+
+
+def test_a_hybrid_layout_its_checks_never_ran_is_shown_without_their_band():
+    """hybrid's band is the worst of the layouts its check ran; a layout using another mesh
+    dimension (data x pipeline) was never run against its prediction, so has none."""
+    labels = {
+        label.removeprefix("hybrid (").removesuffix(")")
+        for path in checked.CHECKED_BY[2.0]
+        for r in json.loads((REPO / path).read_text())["rounds"]
+        for label in r["strategies"]
+        if label.startswith("hybrid (")
+    }
+    ran = {part.split()[0] for label in labels for part in label.split(" x ")}
+    assert ran == checked.CHECKED_DIMENSIONS["hybrid"] == {"replicate", "channel"}
+    assert checked.layout_unchecked("hybrid", ("replicate", "channel")) is None
+    assert checked.layout_unchecked("hybrid", ("channel",)) is None
+    assert checked.layout_unchecked("ddp", ("replicate",)) is None  # not laid out
+    assert checked.layout_unchecked("hybrid", ("replicate", "pipeline")) == (
+        "no band: hybrid's checks ran channel and replicate layouts, not replicate x pipeline"
+    )
+    row = {"predicted_step_s": 0.1, "band": None, "checked": "no band: ..."}
+    doc = {"band": 0.33, "checked": "±33% ...", "by_devices": {"4": {"layouts": {"x": row}}}}
+    shown = combine(
+        {
+            "hybrid": {
+                **doc,
+                "kind": "predicted",
+                "strategy": "hybrid",
+                "settings": {},
+                "measured_on": "",
+                "device": "cpu",
+                "link": {},
+                "leaves_out": [],
+            }
+        }
+    )
+    assert shown["by_devices"]["4"]["hybrid (x)"]["band"] is None  # the layout's own
