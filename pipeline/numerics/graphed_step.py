@@ -48,7 +48,8 @@ COMPILE_WITHOUT_GRAPHS = {
 }
 
 # (images, labels, totals): one optimizer step on a batch, adding [loss_sum, correct, count]
-# of it into `totals` (pipeline/training/trainer.py `Trainer.whole_step`)
+# of it into `totals`: `Trainer.step` on one micro-batch (pipeline/training/trainer.py
+# `Trainer.graph_step`), the eager step itself
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 

@@ -39,7 +39,6 @@ from pipeline.errors import first_line
 from pipeline.interrupts.faults import Hooks
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training
-from pipeline.numerics.graphed_step import Step
 from pipeline.numerics.optim import set_lr
 from pipeline.numerics.torch_compile import compile_cache_line
 from pipeline.recording.live import LiveProgress
@@ -153,7 +152,7 @@ class Trainer:
             set_lr(training.optimizer, training.schedule.at(epoch * loader.steps + step))
             if training.graphed is not None:  # one micro-batch, replayed as one CUDA graph
                 ((x, y),) = micro_batches
-                training.graphed(self.whole_step(), x, y, totals)
+                training.graphed(self.graph_step, x, y, totals)
             else:
                 self.step(micro_batches, totals)
             if step == start_step:
@@ -162,9 +161,12 @@ class Trainer:
                 live.step(step + 1)
         return None
 
-    def step(self, micro_batches: MicroBatches, totals: torch.Tensor) -> None:
-        """One optimizer step over this rank's micro-batches (train.grad_accum of them),
-        kernel by kernel."""
+    def step(
+        self, micro_batches: MicroBatches, totals: torch.Tensor, cast_cache: bool = True
+    ) -> None:
+        """One optimizer step over this rank's micro-batches (train.grad_accum of them). The
+        graphed step (graphed_step.py) captures this same function on one micro-batch, with
+        autocast's cast cache off (`graph_step`)."""
         run, prec, optimizer = self.training.run, self.training.prec, self.training.optimizer
         last = len(micro_batches) - 1
         for micro, (x, y) in enumerate(micro_batches):
@@ -173,44 +175,26 @@ class Trainer:
             # gradients are reduced across the data ranks in the step's last micro-step alone
             with run.reduce_grads_if(micro == last):
                 if isinstance(run, PipelinedRun):
-                    with prec.autocast():  # the schedule runs forward and backward itself
+                    with prec.autocast(cast_cache):  # the schedule runs forward and backward
                         logits = run.step(x, y, True)
                 else:
                     assert self.training.forward is not None  # a DataParallelRun has one
-                    with prec.autocast():
+                    with prec.autocast(cast_cache):
                         logits = self.training.forward(x)
                         # this rank's mean over its share, / grad_accum: the accumulated
                         # gradient is the mean over the step's batch (DDP/FSDP average ranks)
                         loss = self.training.loss_fn(logits, y.to(logits.device)) / (last + 1)
-                    # fp16 scales the loss first, so that small gradients survive
-                    (loss if prec.scaler is None else prec.scaler.scale(loss)).backward()
+                    prec.backward(loss)  # fp16 scales the loss first: small gradients survive
             if logits is not None:
                 totals += batch_totals(logits.detach(), y)
-        if prec.scaler is None:
-            optimizer.step()
-        else:  # unscale, skip the step on inf/NaN gradients, adapt the scale
-            prec.scaler.step(optimizer)
-            prec.scaler.update()
+        prec.step(optimizer)  # fp16's scaler skips a step on inf/NaN gradients
         optimizer.zero_grad(set_to_none=True)
 
-    def whole_step(self) -> Step:
-        """The step graphed_step.py captures: what `step` computes for one micro-batch of a
-        DataParallelRun (grad_accum 1: the loss's scale is 1) without a loss scaler (the only
-        runs it applies to), with autocast's cast cache off, as a capture requires (a cached
-        cast would not be redone in a replay)."""
-        training = self.training
-        prec, optimizer, forward = training.prec, training.optimizer, training.forward
-        assert forward is not None
-
-        def step(x: torch.Tensor, y: torch.Tensor, totals: torch.Tensor) -> None:
-            with prec.autocast(cache=False):
-                logits = forward(x)
-                loss = training.loss_fn(logits, y.to(logits.device))
-            loss.backward()
-            optimizer.step()
-            totals += batch_totals(logits.detach(), y)
-
-        return step
+    def graph_step(self, x: torch.Tensor, y: torch.Tensor, totals: torch.Tensor) -> None:
+        """`step` on one micro-batch as graphed_step.py captures it: autocast's cast cache off
+        (a cached cast would not be redone in a replay). Only runs without a loss scaler and
+        with grad_accum 1 are graphed (`step_graph`)."""
+        self.step([(x, y)], totals, cast_cache=False)
 
     @torch.no_grad()
     def evaluate(self, data: DeviceData, eval_batch_size: int) -> torch.Tensor:
