@@ -21,6 +21,7 @@ from pipeline.data.download import convert
 from pipeline.numerics.build import build_training, speed_features
 from pipeline.numerics.graphed_step import GraphedStep, step_graph
 from pipeline.numerics.optim import set_lr
+from pipeline.numerics.totals import Totals
 from pipeline.run_spec import resolve_run
 from pipeline.strategies import fsdp, single
 from pipeline.training.trainer import Trainer
@@ -86,11 +87,11 @@ def train(data, graphed_log: list | None):
             return forward(x)
 
         training = replace(training, forward=watched)
-    totals = torch.zeros(3, dtype=torch.float64)
+    totals = Totals.zeros(CPU.device)
     per_epoch = []
     for epoch in range(cfg.train.epochs):
         assert Trainer(training, CPU, NoStop()).train_epoch(epoch, 0, totals) is None
-        per_epoch.append(totals.clone())
+        per_epoch.append(totals.tensor.clone())
         totals.zero_()  # in place, as the session does: the graph adds into this tensor
     return training, per_epoch
 
@@ -137,10 +138,7 @@ def test_one_graphed_micro_batch_makes_the_update_the_eager_step_makes(data):
     capture_at_once = GraphedStep(graphed.optimizer, CPU.device, lambda: FakeGraph(log), 0)
     graphed = replace(graphed, graphed=capture_at_once)
     before = {k: v.clone() for k, v in eager.run.module.state_dict().items()}
-    totals = {
-        "eager": torch.zeros(3, dtype=torch.float64),
-        "graphed": torch.zeros(3, dtype=torch.float64),
-    }
+    totals = {"eager": Totals.zeros(CPU.device), "graphed": Totals.zeros(CPU.device)}
     for name, training in (("eager", eager), ("graphed", graphed)):
         set_lr(training.optimizer, training.schedule.at(2))  # past the warm-up's first steps
         _, micro_batches = next(iter(training.loader.epoch(0, 0)))
@@ -160,8 +158,8 @@ def test_one_graphed_micro_batch_makes_the_update_the_eager_step_makes(data):
             eager.optimizer.state[p]["momentum_buffer"],
             graphed.optimizer.state[q]["momentum_buffer"],
         )
-    assert torch.equal(totals["eager"], totals["graphed"])
-    assert totals["graphed"][2] == 16  # the batch's samples, counted by the replay
+    assert torch.equal(totals["eager"].tensor, totals["graphed"].tensor)
+    assert totals["graphed"].read().samples == 16  # the batch's samples, counted by the replay
 
 
 def test_a_replay_into_other_totals_is_refused(runs, data):
@@ -169,7 +167,7 @@ def test_a_replay_into_other_totals_is_refused(runs, data):
     assert graphed.graphed is not None
     x, y = data.train_images[:16], data.train_labels[:16]
     with pytest.raises(RuntimeError, match="not the tensor it was captured with"):
-        graphed.graphed(lambda *a: None, graphed.loader.prepare(x), y, torch.zeros(3))
+        graphed.graphed(lambda *a: None, graphed.loader.prepare(x), y, Totals.zeros(CPU.device))
 
 
 def decide(
