@@ -62,6 +62,7 @@ from pipeline.files import atomic_write
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import build_training
 from pipeline.numerics.precision import build_precision, configure_backends, cpu_has_native_bf16
+from pipeline.numerics.totals import Totals
 from pipeline.resnet import build_model
 from pipeline.results import EpochRow
 from pipeline.run_spec import resolve_run
@@ -194,7 +195,7 @@ class ProjectRow:
             cfg.train.compile and self.training.forward is not None,
         )
         self.samples = plan.samples_per_epoch
-        self.totals = torch.zeros(3, device=ctx.device, dtype=torch.float64)
+        self.totals = Totals.zeros(ctx.device)
         self.trainer = Trainer(self.training, ctx, StopRequest())
         self.notes = list(self.training.notes)
         self.index, self.history = 0, list[EpochRow]()
@@ -206,7 +207,7 @@ class ProjectRow:
         start = time.perf_counter()
         self.trainer.train_epoch(self.index, 0, self.totals)
         wait_for_device(self.ctx.device)
-        loss_sum, correct, count = self.totals.tolist()  # what run() reads back per epoch
+        loss_sum, correct, count = self.totals.read()  # what run() reads back per epoch
         self.totals.zero_()
         self.losses.append(loss_sum / count)  # the epoch's mean training loss
         self.index += 1

@@ -27,6 +27,7 @@ from pipeline.data.device_data import to_device
 from pipeline.data.fashion_mnist import DATA_DIR, load_tensors
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import build_training
+from pipeline.numerics.totals import Totals
 from pipeline.run_spec import resolve_run
 from pipeline.strategies import NAMES
 from pipeline.training.meter import wait_for_device
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = spec.job_plan(1, len(data.train_labels))
         training, _ = build_training(spec, ctx, data, plan).started(None)
         loader = training.loader
-        totals = torch.zeros(3, device=device, dtype=torch.float64)
+        totals = Totals.zeros(device)
         trainer = Trainer(training, ctx, StopRequest())
 
         def steps(n: int, start: int) -> None:

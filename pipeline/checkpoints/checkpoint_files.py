@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
 from pipeline.errors import UserError, first_sentence
+from pipeline.numerics.totals import Totals
 from pipeline.results import CHECKPOINT_RECORD
 
 
@@ -59,9 +60,9 @@ def _rank_state_problem(state: Any) -> str | None:
         return "rng: expected the RNG states"
     if "cpu" not in rng:
         return "rng: no CPU RNG state"
-    totals = state.get("train_totals")
-    if not isinstance(totals, torch.Tensor) or totals.shape != (3,):
-        return "train_totals: expected [loss_sum, correct, count]"
+    totals = Totals.state_problem(state.get("train_totals"))
+    if totals is not None:
+        return f"train_totals: {totals}"
     if not isinstance(state.get("grad_scaler"), (dict, type(None))):
         return "grad_scaler: expected the fp16 loss scaler's state or none"
     return None

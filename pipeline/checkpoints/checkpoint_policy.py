@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import torch
-
 from pipeline.checkpoints.checkpoint import Checkpointer, Position, rng_state, sharded_state
 from pipeline.checkpoints.identity import RunIdentity
 from pipeline.config import CheckpointConfig
@@ -20,6 +18,7 @@ from pipeline.context import DistContext
 from pipeline.files import atomic_write
 from pipeline.interrupts.faults import Hooks
 from pipeline.numerics.build import Training
+from pipeline.numerics.totals import Totals
 from pipeline.results import RESULTS, EpochRow
 from pipeline.strategies.base import Decided
 
@@ -32,7 +31,7 @@ class Progress:
 
     position: Position  # the next (epoch, step) to train
     history: list[EpochRow]  # the epochs finished
-    totals: torch.Tensor  # [loss_sum, correct, count] of the epoch so far, on the device
+    totals: Totals  # the epoch's so far, on the device
     # what happened to the run on its way that its results must be read with (e.g. the world
     # size changed at a resume); kept in every checkpoint after
     notes: list[str] = field(default_factory=list)
@@ -116,8 +115,7 @@ class CheckpointPolicy:
                     f"not resuming {self.ckpt.directory}: "
                     f"{self.identity.difference(other.get('identity'))}; training from scratch"
                 )
-            totals = torch.zeros(3, device=device, dtype=torch.float64)
-            return Progress(Position(0, 0), [], totals, decided=kept)
+            return Progress(Position(0, 0), [], Totals.zeros(device), decided=kept)
         source, position, record = found
         state = source.restore(position, training.run.module, training.optimizer, device)
         scaler = training.prec.scaler
@@ -160,7 +158,7 @@ class CheckpointPolicy:
         return Progress(
             position,
             history,
-            state["train_totals"].to(device),
+            Totals(state["train_totals"].to(device)),  # checkpoint_files.py checked it
             notes,
             record.get("decided"),
             record.get("wall_seconds", history[-1].wall_seconds if history else 0.0),
@@ -180,7 +178,7 @@ class CheckpointPolicy:
         prec = training.prec
         state = {  # this rank's own; the model and optimizer go to DCP (`sharded`)
             "rng": rng_state(self.ctx.device),
-            "train_totals": progress.totals,
+            "train_totals": progress.totals.state,
             "grad_scaler": prec.scaler.state_dict() if prec.scaler is not None else None,
         }
         record = {

@@ -35,6 +35,7 @@ from typing import Optional, Protocol
 import torch
 
 from pipeline.config import TrainConfig
+from pipeline.numerics.totals import Totals
 
 # DDP's reducer must have run 11 eager iterations before a capture (PyTorch's CUDA graphs
 # notes, "Usage with DistributedDataParallel"); the other strategies need fewer, and the
@@ -47,9 +48,9 @@ COMPILE_WITHOUT_GRAPHS = {
     "max-autotune": "max-autotune-no-cudagraphs",
 }
 
-# (images, labels, totals): one optimizer step on a batch, adding [loss_sum, correct, count]
-# of it into `totals` (pipeline/training/trainer.py `Trainer.whole_step`)
-Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+# (images, labels, totals): one optimizer step on a batch, adding its sums into `totals`:
+# the eager `Trainer.step` itself on one micro-batch (training/trainer.py `graph_step`)
+Step = Callable[[torch.Tensor, torch.Tensor, Totals], None]
 
 
 def step_graph(
@@ -149,11 +150,11 @@ class GraphedStep:
         self.eager_steps = 0
         self.graph: Optional[Graph] = None
         # the step's inputs and outputs as the graph knows them: its static buffers
-        self.static: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self.static: Optional[tuple[torch.Tensor, torch.Tensor, Totals]] = None
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
 
     def __call__(
-        self, step: Step, images: torch.Tensor, labels: torch.Tensor, totals: torch.Tensor
+        self, step: Step, images: torch.Tensor, labels: torch.Tensor, totals: Totals
     ) -> None:
         """One optimizer step of `step` on this batch. After the capture `step` is not called
         again: the graph replays what it launched, into the same `totals`."""
@@ -167,7 +168,9 @@ class GraphedStep:
             self._capture(step, images, labels, totals)
         else:
             static_images, static_labels, captured_totals = self.static
-            if totals is not captured_totals:  # the graph would add into the captured one
+            if (
+                totals.tensor is not captured_totals.tensor
+            ):  # the graph would add into the captured one
                 raise RuntimeError("graphed step: totals is not the tensor it was captured with")
             static_images.copy_(images)
             static_labels.copy_(labels)
@@ -178,7 +181,7 @@ class GraphedStep:
             self.graph.replay()
 
     def _capture(
-        self, step: Step, images: torch.Tensor, labels: torch.Tensor, totals: torch.Tensor
+        self, step: Step, images: torch.Tensor, labels: torch.Tensor, totals: Totals
     ) -> None:
         # clone keeps the memory format: channels_last batches stay channels_last
         self.static = (images.clone(), labels.clone(), totals)

@@ -29,11 +29,11 @@ from pipeline import memory
 from pipeline.context import DistContext
 from pipeline.memory import DevicePeak
 from pipeline.numerics.build import Training
+from pipeline.numerics.totals import Sums, Totals
 from pipeline.run_spec import RunSpec
 
 BAR_ROWS = 24  # the screen height tqdm is told: the bar shows at any height
 BAR_EVERY_S = 0.5  # the bar's loss and samples/s are refreshed this often (a copy each time)
-ZEROS = [0.0, 0.0, 0.0]  # [loss_sum, correct, count] before the first sample
 # tqdm's default without its steps/s: the postfix says loss and samples/s, and a narrow
 # terminal cuts the line's end
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
@@ -68,12 +68,6 @@ class LiveSettings:
 
 
 # --- the arithmetic, pure --------------------------------------------------------------------
-
-
-def mean_loss(now: list[float], before: list[float]) -> Optional[float]:
-    """Mean loss of the samples between two readings of [loss_sum, correct, count]."""
-    count = now[2] - before[2]
-    return (now[0] - before[0]) / count if count > 0 else None
 
 
 def rate(samples: int, seconds: float) -> Optional[float]:
@@ -131,14 +125,15 @@ def progress_line(
 
 
 class Readback:
-    """Copies of a small device tensor taken without waiting: `take` queues one into host
+    """Copies of the device's totals taken without waiting: `take` queues one into host
     memory, `arrived` hands back, in order, those whose copy has completed. On the CPU a copy
     is complete at once."""
 
     def __init__(self) -> None:
         self.pending: deque[tuple[Any, torch.Tensor, Optional[torch.cuda.Event]]] = deque()
 
-    def take(self, tag: Any, tensor: torch.Tensor) -> None:
+    def take(self, tag: Any, totals: Totals) -> None:
+        tensor = totals.tensor
         if tensor.device.type != "cuda":
             self.pending.append((tag, tensor.detach().clone(), None))
             return
@@ -148,7 +143,7 @@ class Readback:
         event.record(torch.cuda.current_stream(tensor.device))
         self.pending.append((tag, host, event))
 
-    def arrived(self, wait: bool = False) -> list[tuple[Any, list[float]]]:
+    def arrived(self, wait: bool = False) -> list[tuple[Any, Sums]]:
         """The copies complete so far; with `wait`, all of them (the epoch is over)."""
         out = []
         while self.pending:
@@ -158,7 +153,7 @@ class Readback:
                     break
                 event.synchronize()
             self.pending.popleft()
-            out.append((tag, host.tolist()))
+            out.append((tag, Totals(host).read()))  # on the host: no wait
         return out
 
 
@@ -191,15 +186,15 @@ class LiveProgress:
         self.readback = Readback()
         self.bar: Optional[tqdm] = None
 
-    def begin(self, epoch: int, first_step: int, steps: int, totals: torch.Tensor) -> None:
+    def begin(self, epoch: int, first_step: int, steps: int, totals: Totals) -> None:
         """Epoch `epoch` (0-based) starts at `first_step` of its `steps` (a resumed one later
-        than 0); `totals` hold the epoch's [loss_sum, correct, count] so far, on the device."""
+        than 0); `totals` hold the epoch's so far, on the device."""
         self.epoch, self.first, self.steps, self.totals = epoch, first_step, steps, totals
         self.t0 = time.perf_counter()
         self.next_bar = self.t0 + BAR_EVERY_S
         self.next_line = self.t0 + (self.settings.log_every_s or 0.0)
-        self.start: Optional[list[float]] = None  # totals at the first step
-        self.last_mlflow: Optional[tuple[Point, list[float]]] = None
+        self.start: Optional[Sums] = None  # totals at the first step
+        self.last_mlflow: Optional[tuple[Point, Sums]] = None
         self.readback.take(Point(first_step, self.t0, time.time(), False, False), totals)
         if self.settings.terminal_columns is not None:
             self.bar = tqdm(
@@ -240,19 +235,19 @@ class LiveProgress:
         self.report(self.readback.arrived(wait=True))
         if self.bar is not None:
             last = Point(self.bar.n, time.perf_counter(), time.time(), False, False)
-            self.report([(last, self.totals.tolist())])
+            self.report([(last, self.totals.read())])
             self.bar.refresh()  # drawn once with them, then cleared
             self.bar.close()
             self.bar = None
 
-    def report(self, readings: list[tuple[Point, list[float]]]) -> None:
+    def report(self, readings: list[tuple[Point, Sums]]) -> None:
         for point, totals in readings:
             if self.start is None:
                 self.start = totals  # begin's copy, always the first
                 continue
             seconds = point.at - self.t0
             samples = rate((point.done - self.first) * self.batch_size, seconds)
-            loss = mean_loss(totals, ZEROS)  # the epoch's so far (a resumed one's too)
+            loss = totals.mean_loss_since(Sums.none())  # the epoch's so far (a resumed one's too)
             if self.bar is not None:
                 self.bar.set_postfix_str(
                     f"loss {number(loss, '.4f')}, {number(samples, '.0f')} samples/s",
@@ -274,7 +269,7 @@ class LiveProgress:
             if point.mlflow:
                 self.log_mlflow(point, totals)
 
-    def log_mlflow(self, point: Point, totals: list[float]) -> None:
+    def log_mlflow(self, point: Point, totals: Sums) -> None:
         """The loss and samples/s of the steps since the last point (or the epoch's start)."""
         before = self.last_mlflow or (
             Point(self.first, self.t0, 0.0, False, False),
@@ -282,7 +277,7 @@ class LiveProgress:
         )
         self.last_mlflow = (point, totals)
         metrics = {
-            "step_train_loss": mean_loss(totals, before[1]),
+            "step_train_loss": totals.mean_loss_since(before[1]),
             "step_samples_per_s": rate(
                 (point.done - before[0].done) * self.batch_size, point.at - before[0].at
             ),

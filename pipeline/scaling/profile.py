@@ -52,6 +52,7 @@ from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training, build_training
 from pipeline.numerics.optim import make_optimizer
 from pipeline.numerics.precision import build_precision
+from pipeline.numerics.totals import Totals
 from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import INPUT_SHAPE, block_flops, build_model
 from pipeline.run_spec import RunSpec
@@ -316,7 +317,7 @@ def one_rank(
     training = build_training(spec, ctx, data, plan)
     training.run.module.train()
     batches = (b for epoch in itertools.count() for b in training.loader.epoch(epoch))
-    totals = torch.zeros(3, device=device)
+    totals = Totals.zeros(device)
     trainer = Trainer(training, ctx, StopRequest())
 
     def step() -> None:

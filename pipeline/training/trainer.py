@@ -13,7 +13,7 @@ the same for every strategy. A strategy enters only through the run it returned
     evaluate    this rank's share of the test set
 
 Nothing in an epoch waits for the GPU: per-batch loss and accuracy are summed into a tensor
-on the device and read back once per epoch (`reduce_totals`); the writer's live progress
+on the device and read back once per epoch (numerics/totals.py); the writer's live progress
 copies it to the host now and then without waiting (live.py). What an epoch measures beside
 its losses (its seconds, the machine's load, memory peaks) is the meter's (meter.py).
 """
@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from pipeline import memory
 from pipeline.checkpoints.checkpoint import Position
@@ -39,9 +37,9 @@ from pipeline.errors import first_line
 from pipeline.interrupts.faults import Hooks
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import Training
-from pipeline.numerics.graphed_step import Step
 from pipeline.numerics.optim import set_lr
 from pipeline.numerics.torch_compile import compile_cache_line
+from pipeline.numerics.totals import Totals
 from pipeline.recording.live import LiveProgress
 from pipeline.recording.recorder import RunRecorder
 from pipeline.results import EpochRow, RunSummary
@@ -136,9 +134,9 @@ class Trainer:
                 recorder.failed()
             self.training.run.release()  # the strategy's own hold on its process groups
 
-    def train_epoch(self, epoch: int, start_step: int, totals: torch.Tensor) -> int | None:
+    def train_epoch(self, epoch: int, start_step: int, totals: Totals) -> int | None:
         """Optimizer steps start_step.. of one pass over the shuffled training set, adding
-        [loss_sum, correct, count] of this rank's samples into `totals` on the device: nothing
+        this rank's samples into `totals` on the device: nothing
         here waits for the GPU, nor does the live report, which reads `totals`. Returns the
         step it stopped before on SIGTERM, else None."""
         training, live = self.training, self.live
@@ -153,7 +151,7 @@ class Trainer:
             set_lr(training.optimizer, training.schedule.at(epoch * loader.steps + step))
             if training.graphed is not None:  # one micro-batch, replayed as one CUDA graph
                 ((x, y),) = micro_batches
-                training.graphed(self.whole_step(), x, y, totals)
+                training.graphed(self.graph_step, x, y, totals)
             else:
                 self.step(micro_batches, totals)
             if step == start_step:
@@ -162,9 +160,10 @@ class Trainer:
                 live.step(step + 1)
         return None
 
-    def step(self, micro_batches: MicroBatches, totals: torch.Tensor) -> None:
-        """One optimizer step over this rank's micro-batches (train.grad_accum of them),
-        kernel by kernel."""
+    def step(self, micro_batches: MicroBatches, totals: Totals, cast_cache: bool = True) -> None:
+        """One optimizer step over this rank's micro-batches (train.grad_accum of them). The
+        graphed step (graphed_step.py) captures this same function on one micro-batch, with
+        autocast's cast cache off (`graph_step`)."""
         run, prec, optimizer = self.training.run, self.training.prec, self.training.optimizer
         last = len(micro_batches) - 1
         for micro, (x, y) in enumerate(micro_batches):
@@ -173,48 +172,30 @@ class Trainer:
             # gradients are reduced across the data ranks in the step's last micro-step alone
             with run.reduce_grads_if(micro == last):
                 if isinstance(run, PipelinedRun):
-                    with prec.autocast():  # the schedule runs forward and backward itself
+                    with prec.autocast(cast_cache):  # the schedule runs forward and backward
                         logits = run.step(x, y, True)
                 else:
                     assert self.training.forward is not None  # a DataParallelRun has one
-                    with prec.autocast():
+                    with prec.autocast(cast_cache):
                         logits = self.training.forward(x)
                         # this rank's mean over its share, / grad_accum: the accumulated
                         # gradient is the mean over the step's batch (DDP/FSDP average ranks)
                         loss = self.training.loss_fn(logits, y.to(logits.device)) / (last + 1)
-                    # fp16 scales the loss first, so that small gradients survive
-                    (loss if prec.scaler is None else prec.scaler.scale(loss)).backward()
+                    prec.backward(loss)  # fp16 scales the loss first: small gradients survive
             if logits is not None:
-                totals += batch_totals(logits.detach(), y)
-        if prec.scaler is None:
-            optimizer.step()
-        else:  # unscale, skip the step on inf/NaN gradients, adapt the scale
-            prec.scaler.step(optimizer)
-            prec.scaler.update()
+                totals.add(logits.detach(), y)
+        prec.step(optimizer)  # fp16's scaler skips a step on inf/NaN gradients
         optimizer.zero_grad(set_to_none=True)
 
-    def whole_step(self) -> Step:
-        """The step graphed_step.py captures: what `step` computes for one micro-batch of a
-        DataParallelRun (grad_accum 1: the loss's scale is 1) without a loss scaler (the only
-        runs it applies to), with autocast's cast cache off, as a capture requires (a cached
-        cast would not be redone in a replay)."""
-        training = self.training
-        prec, optimizer, forward = training.prec, training.optimizer, training.forward
-        assert forward is not None
-
-        def step(x: torch.Tensor, y: torch.Tensor, totals: torch.Tensor) -> None:
-            with prec.autocast(cache=False):
-                logits = forward(x)
-                loss = training.loss_fn(logits, y.to(logits.device))
-            loss.backward()
-            optimizer.step()
-            totals += batch_totals(logits.detach(), y)
-
-        return step
+    def graph_step(self, x: torch.Tensor, y: torch.Tensor, totals: Totals) -> None:
+        """`step` on one micro-batch as graphed_step.py captures it: autocast's cast cache off
+        (a cached cast would not be redone in a replay). Only runs without a loss scaler and
+        with grad_accum 1 are graphed (`step_graph`)."""
+        self.step([(x, y)], totals, cast_cache=False)
 
     @torch.no_grad()
-    def evaluate(self, data: DeviceData, eval_batch_size: int) -> torch.Tensor:
-        """[loss_sum, correct, count] over this rank's share of the whole test set."""
+    def evaluate(self, data: DeviceData, eval_batch_size: int) -> Totals:
+        """The totals of this rank's share of the whole test set."""
         training, device = self.training, self.ctx.device
         run, prec, plan = training.run, training.prec, training.plan
         if isinstance(run, PipelinedRun):
@@ -224,7 +205,7 @@ class Trainer:
         batches, counts = eval_shard(
             len(data.test_labels), plan.data_rank(self.ctx.rank), plan.data_world, eval_batch_size
         )
-        totals = torch.zeros(3, device=device, dtype=torch.float64)
+        totals = Totals.zeros(device)
         for idx, count in zip(batches, counts):
             idx = idx.to(device)
             x, y = training.loader.prepare(data.test_images[idx]), data.test_labels[idx]
@@ -237,7 +218,7 @@ class Trainer:
                     assert training.forward is not None
                     logits = training.forward(x)
             if logits is not None and count > 0:
-                totals += batch_totals(logits[:count], y[:count]).to(device)
+                totals.add(logits[:count], y[:count])
         return totals
 
     def epoch_row(
@@ -253,10 +234,10 @@ class Trainer:
         read, on every rank (the reductions and the meter's gather are collectives)."""
         progress, spec = session.progress, session.spec
         self.hooks.at("eval", epoch + 1)
-        train_loss, train_acc = reduce_totals(progress.totals, self.ctx)
+        train_loss, train_acc = progress.totals.reduced(self.ctx)
         progress.totals.zero_()
         test = self.evaluate(session.data, spec.train.eval_batch_size)
-        test_loss, test_acc = reduce_totals(test, self.ctx)
+        test_loss, test_acc = test.reduced(self.ctx)
         metrics, core_wait = meter.gathered()
         # a checkpoint that did not record the seconds of steps 0..first_step-1 leaves
         # steps first_step.. (and their samples) to count
@@ -316,22 +297,3 @@ class Trainer:
             ),
             epochs_done=len(at.history),
         )
-
-
-def batch_totals(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """[loss_sum, correct, count] of one batch, on the device."""
-    labels = labels.to(logits.device)
-    loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
-    correct = (logits.argmax(1) == labels).sum()
-    # a fill kernel, not torch.tensor(): a host->device copy would wait for the GPU
-    count = torch.full((), len(labels), dtype=torch.float64, device=logits.device)
-    return torch.stack([loss_sum.double(), correct.double(), count])
-
-
-def reduce_totals(totals: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
-    """Sum [loss_sum, correct, count] over ranks -> (mean loss, accuracy). One host sync."""
-    if ctx.world_size > 1:
-        dist.all_reduce(totals)
-    loss_sum, correct, count = totals.tolist()
-    count = max(count, 1.0)
-    return loss_sum / count, correct / count

@@ -80,7 +80,7 @@ def test_fp64_matches_single(trained, label):
     diff = max_abs_diff(trained["single"][0], trained[label][0])
     print(f"{label}: max |param/buffer - single| = {diff:.3g}")
     assert diff < FP64_BOUND
-    # The epoch's mean loss: summed per batch in fp32 (trainer.batch_totals), over each data
+    # The epoch's mean loss: summed per batch in fp32 (numerics/totals.py), over each data
     # rank's share, so data ranks round it differently: measured 2.8e-8 apart for the data
     # hybrids, 0 for channel shards (every rank sums the same logits); bound 1e-6.
     single, other = trained["single"][1], trained[label][1]

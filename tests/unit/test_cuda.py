@@ -21,6 +21,7 @@ from pipeline.data.download import convert
 from pipeline.interrupts.stop import StopRequest
 from pipeline.numerics.build import build_training
 from pipeline.numerics.precision import NATIVE_BF16
+from pipeline.numerics.totals import Totals
 from pipeline.resnet import build_model
 from pipeline.run_spec import resolve_run
 from pipeline.strategies import pipeline_parallel
@@ -78,9 +79,9 @@ def test_single_trains_an_epoch_on_the_gpu_in_bf16_autocast(raw_dataset, monkeyp
     training = build_training(spec, GPU, data, plan)
     assert training.prec.name == "bf16" and training.prec.autocast_dtype == torch.bfloat16
     before = [p.detach().clone() for p in training.run.module.parameters()]
-    totals = torch.zeros(3, device=GPU.device, dtype=torch.float64)
+    totals = Totals.zeros(GPU.device)
     assert Trainer(training, GPU, StopRequest()).train_epoch(0, 0, totals) is None
-    loss_sum, _, count = totals.tolist()
+    loss_sum, _, count = totals.read()
     assert count == 64 and math.isfinite(loss_sum)
     after = list(training.run.module.parameters())
     assert all(p.is_cuda and p.dtype == torch.float32 for p in after)

@@ -20,6 +20,8 @@ from pipeline.data.device_data import to_device
 from pipeline.data.download import convert
 from pipeline.numerics.build import build_training, speed_features
 from pipeline.numerics.graphed_step import GraphedStep, step_graph
+from pipeline.numerics.optim import set_lr
+from pipeline.numerics.totals import Totals
 from pipeline.run_spec import resolve_run
 from pipeline.strategies import fsdp, single
 from pipeline.training.trainer import Trainer
@@ -85,11 +87,11 @@ def train(data, graphed_log: list | None):
             return forward(x)
 
         training = replace(training, forward=watched)
-    totals = torch.zeros(3, dtype=torch.float64)
+    totals = Totals.zeros(CPU.device)
     per_epoch = []
     for epoch in range(cfg.train.epochs):
         assert Trainer(training, CPU, NoStop()).train_epoch(epoch, 0, totals) is None
-        per_epoch.append(totals.clone())
+        per_epoch.append(totals.tensor.clone())
         totals.zero_()  # in place, as the session does: the graph adds into this tensor
     return training, per_epoch
 
@@ -124,12 +126,48 @@ def test_the_graphed_step_computes_exactly_what_the_eager_step_computes(runs):
     assert isinstance(graphed.optimizer.param_groups[0]["lr"], float)
 
 
+def test_one_graphed_micro_batch_makes_the_update_the_eager_step_makes(data):
+    """The step the graph captures is the eager step itself (`Trainer.graph_step`): from the
+    same model and batch, one captured and replayed step leaves the same parameters, BatchNorm
+    statistics, momentum buffers and totals as one eager step, bit for bit."""
+    cfg = config()
+    spec = resolve_run(cfg, "single")
+    plan = spec.job_plan(1, len(data.train_labels))
+    eager, graphed = (build_training(spec, CPU, data, plan) for _ in range(2))
+    log: list = []
+    capture_at_once = GraphedStep(graphed.optimizer, CPU.device, lambda: FakeGraph(log), 0)
+    graphed = replace(graphed, graphed=capture_at_once)
+    before = {k: v.clone() for k, v in eager.run.module.state_dict().items()}
+    totals = {"eager": Totals.zeros(CPU.device), "graphed": Totals.zeros(CPU.device)}
+    for name, training in (("eager", eager), ("graphed", graphed)):
+        set_lr(training.optimizer, training.schedule.at(2))  # past the warm-up's first steps
+        _, micro_batches = next(iter(training.loader.epoch(0, 0)))
+        ((x, y),) = micro_batches  # grad_accum 1: the one micro-batch a graph takes
+        trainer = Trainer(training, CPU, NoStop())
+        if training.graphed is None:
+            trainer.step(micro_batches, totals[name])
+        else:
+            training.graphed(trainer.graph_step, x, y, totals[name])
+    assert log == ["capture", "replay"]  # captured, not run, then run once by the replay
+    after = eager.run.module.state_dict()
+    assert any(not torch.equal(before[k], v) for k, v in after.items())  # it did update
+    for (name, a), b in zip(after.items(), graphed.run.module.state_dict().values()):
+        assert torch.equal(a, b), name
+    for p, q in zip(eager.run.module.parameters(), graphed.run.module.parameters()):
+        assert torch.equal(
+            eager.optimizer.state[p]["momentum_buffer"],
+            graphed.optimizer.state[q]["momentum_buffer"],
+        )
+    assert torch.equal(totals["eager"].tensor, totals["graphed"].tensor)
+    assert totals["graphed"].read().samples == 16  # the batch's samples, counted by the replay
+
+
 def test_a_replay_into_other_totals_is_refused(runs, data):
     _, (graphed, _), _ = runs
     assert graphed.graphed is not None
     x, y = data.train_images[:16], data.train_labels[:16]
     with pytest.raises(RuntimeError, match="not the tensor it was captured with"):
-        graphed.graphed(lambda *a: None, graphed.loader.prepare(x), y, torch.zeros(3))
+        graphed.graphed(lambda *a: None, graphed.loader.prepare(x), y, Totals.zeros(CPU.device))
 
 
 def decide(

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipeline.memory import DevicePeak
+from pipeline.numerics.totals import Sums, Totals
 from pipeline.recording import live
 from pipeline.recording.live import LiveProgress, LiveSettings
 
@@ -21,10 +22,10 @@ LINE = re.compile(
 
 
 def test_the_loss_of_a_window_is_its_samples_mean():
-    before, now = [10.0, 3.0, 8.0], [22.0, 5.0, 12.0]  # [loss_sum, correct, count]
-    assert live.mean_loss(now, before) == 3.0  # 12 over 4 samples
-    assert live.mean_loss(now, now) is None  # no sample in between
-    assert live.mean_loss(now, live.ZEROS) == pytest.approx(22 / 12)
+    before, now = Sums(10.0, 3.0, 8.0), Sums(22.0, 5.0, 12.0)
+    assert now.mean_loss_since(before) == 3.0  # 12 over 4 samples
+    assert now.mean_loss_since(now) is None  # no sample in between
+    assert now.mean_loss_since(Sums.none()) == pytest.approx(22 / 12)
 
 
 def test_rate_and_eta_count_only_the_steps_this_process_ran():
@@ -91,13 +92,13 @@ class Epochs:
             lambda step, metrics, ms: self.points.append((step, metrics, ms)),
             lambda: [DevicePeak("cpu_0", 312.0, None)],
         )
-        self.totals = torch.zeros(3, dtype=torch.float64)
+        self.totals = Totals.zeros(torch.device("cpu"))
 
     def run(self, epoch: int, first: int = 0) -> None:
         self.progress.begin(epoch, first, 5, self.totals)
         for step in range(first, 5):
             g = epoch * 5 + step + 1
-            self.totals += torch.tensor([4.0 * g, 4.0, 4.0], dtype=torch.float64)
+            self.totals.tensor += torch.tensor([4.0 * g, 4.0, 4.0], dtype=torch.float64)
             self.progress.step(step + 1)
         self.progress.end()
         self.totals.zero_()
@@ -122,7 +123,7 @@ def test_lines_every_step_and_mlflow_points_every_3_global_steps(capsys):
 
 def test_a_resumed_epoch_reports_from_where_it_resumed(capsys):
     epochs = Epochs(LiveSettings(None, log_every_s=0.0, mlflow_every_steps=2))
-    epochs.totals += torch.tensor([4.0 * 3, 8.0, 8.0], dtype=torch.float64)  # steps 1, 2
+    epochs.totals.tensor += torch.tensor([4.0 * 3, 8.0, 8.0], dtype=torch.float64)  # steps 1, 2
     epochs.run(0, first=2)
     lines = [LINE.match(line) for line in capsys.readouterr().out.splitlines()]
     assert [int(m[2]) for m in lines] == [3, 4, 5]
