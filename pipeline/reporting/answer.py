@@ -36,23 +36,21 @@ from __future__ import annotations
 import html
 import re
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pipeline.reporting import memory_noise
 from pipeline.reporting.memory_noise import MemoryFloor, memory_floor
 from pipeline.reporting.notes_accuracy import drop_explained
+from pipeline.reporting.objectives import OBJECTIVES, Floors, Objective
+from pipeline.reporting.objectives import and_names as _and
 from pipeline.reporting.speed_noise import (
-    LOADS,
     SpeedFloor,
     busy_words,
-    floor_reason,
     floor_text,
     machine_busy,
     speed_floor,
     speedup_within_noise,
-    within_floor,
 )
 from pipeline.reporting.table import BASELINE, Row, features_text
 from pipeline.results import WARMUP_STANDS_IN, device_of
@@ -76,31 +74,7 @@ SEED_SWEEP = (
 REGISTERED_OBJECTIVE = "throughput"
 # the MLflow model alias of each objective's pick (models:/<name>@least-memory), beside
 # comparison.RECOMMENDED, the registered choice's
-OBJECTIVE_ALIASES = {
-    "fastest_to_target": "fastest-to-target",
-    "throughput": "highest-throughput",
-    "peak_memory": "least-memory",
-    "memory_balance": "most-even-memory",
-}
-# the objectives that compare speed, which the speed options (compile, CUDA graphs) change
-SPEED_OBJECTIVES = ("fastest_to_target", "throughput")
-# the objectives judged against the memory floor (memory_noise.py)
-MEMORY_OBJECTIVES = ("peak_memory", "memory_balance")
-
-
-@dataclass(frozen=True)
-class Floors:
-    """The noise floors the objectives are judged against: speed's and memory's A/A."""
-
-    speed: SpeedFloor
-    memory: MemoryFloor
-
-    def within(self, objective: str, best: float, value: float) -> bool:
-        if objective in SPEED_OBJECTIVES:
-            return within_floor(objective, best, value, self.speed)
-        if objective in MEMORY_OBJECTIVES:
-            return memory_noise.within(objective, best, value, self.memory)
-        return False
+OBJECTIVE_ALIASES = {o.key: o.alias for o in OBJECTIVES}
 
 
 @dataclass(frozen=True)
@@ -119,6 +93,7 @@ class Recommendation:
     # the report's one line for it, after its title: the pick, the figure that decides it,
     # and whether it is a tie or unranked and why, in a few words
     headline: str = ""
+    alias: str = ""  # the MLflow model alias its pick goes under (Objective.alias)
 
 
 @dataclass(frozen=True)
@@ -181,117 +156,35 @@ def accuracy_verdict(delta: Optional[float], noise: Optional[float]) -> str:
     return "real" if abs(delta) > noise else "within noise"
 
 
-# --- the objectives -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Objective:
-    key: str
-    title: str
-    value: Callable[[Row], Optional[float]]
-    shown: Callable[[float], str]  # as the report shows it: equal text = a tie
-    lower_is_better: bool
-    describe: Callable[[Row, float], str]  # "ddp 12345 samples/s"
-    # the figure's epoch-to-epoch spread in a run (a row key): a difference within the larger
-    # of two strategies' spreads is a tie; None: the precision rule alone
-    spread: Optional[str] = None
-    spread_shown: str = ""  # its format and unit in the reasons: ".0f MiB"
-    spread_needs: str = "2 or more epochs"  # what measuring the spread takes
-
-
-def _and(names: Sequence[str]) -> str:
-    """ "a", "a and b", "a, b and c"."""
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
-def _peak(row: Row) -> Optional[float]:
-    peaks = row.get("peak_memory_mib") or {}
-    return max(peaks.values()) if peaks else None
-
-
-def _busiest(row: Row) -> str:
-    peaks = row.get("peak_memory_mib") or {}
-    return max(peaks, key=peaks.__getitem__) if peaks else "?"
-
-
-def _imbalance(row: Row) -> Optional[float]:
-    if len(row.get("peak_memory_mib") or {}) < 2:
-        return None  # one device: nothing to balance
-    return row.get("mem_imbalance")
-
-
-def _count(row: Row, device: str) -> str:
-    n = len(row.get("peak_memory_mib") or {})
-    if row.get("shared_devices"):
-        gpus = len(row["shared_devices"])
-        return f"{n} ranks sharing {gpus} {device}{'s' if gpus != 1 else ''}"
-    return f"{n} {device}{'es' if device == 'process' else 's'}" if n != 1 else f"1 {device}"
-
-
-def _objectives(target: Optional[float], device: str) -> list[_Objective]:
-    reach = f"test accuracy {target:g}" if target is not None else "the target accuracy"
-    return [
-        _Objective(
-            "fastest_to_target",
-            f"Fastest to {reach}",
-            lambda r: r.get("time_to_target_s"),
-            lambda v: f"{v:.1f}",
-            True,
-            lambda r, v: f"{r['strategy']} {v:.1f} s (epoch {r.get('epoch_to_target')})",
-        ),
-        _Objective(
-            "throughput",
-            "Highest throughput",
-            lambda r: r.get("steady_samples_per_s"),
-            lambda v: f"{v:.0f}",
-            False,
-            lambda r, v: f"{r['strategy']} {v:.0f} samples/s",
-            "steady_samples_per_s_spread",
-            ".0f samples/s",
-            "2 or more steady epochs",
-        ),
-        _Objective(
-            "peak_memory",
-            "Lowest per-device peak memory",
-            _peak,
-            lambda v: f"{v:.0f}",
-            True,
-            lambda r, v: f"{r['strategy']} {v:.0f} MiB ({_busiest(r)})",
-            "peak_memory_spread_mib",
-            ".0f MiB",
-        ),
-        _Objective(
-            "memory_balance",
-            "Most even memory across devices",
-            _imbalance,
-            lambda v: f"{v:.2f}",
-            True,
-            lambda r, v: f"{r['strategy']} {v:.2f} over {_count(r, device)}",
-            "mem_imbalance_spread",
-            ".3f",
-        ),
-    ]
+# --- the objectives (objectives.py: one record each) ----------------------------------------
 
 
 def _ties(
-    objective: _Objective, best_row: Row, best: float, row: Row, value: float, floors: Floors
+    objective: Objective, best_row: Row, best: float, row: Row, value: float, floors: Floors
 ) -> bool:
     """Reads the same as the best, or lies within the objective's A/A noise floor (speed's or
     memory's), or within the larger measured spread."""
     if objective.shown(value) == objective.shown(best):
         return True
-    if floors.within(objective.key, best, value):
+    if _within_floor(objective, floors, best, value):
         return True
     if objective.spread is None:
         return False
-    spreads = (best_row.get(objective.spread), row.get(objective.spread))
-    known = [s for s in spreads if s is not None]
+    known = [s for s in (objective.spread(best_row), objective.spread(row)) if s is not None]
     return bool(known) and abs(value - best) <= max(known)
 
 
-def _spread_reason(objective: _Objective, ranked: list[Row]) -> str:
-    key = objective.spread or ""
-    known = [(r["strategy"], r[key]) for r in ranked if r.get(key) is not None]
+def _within_floor(objective: Objective, floors: Floors, best: float, value: float) -> bool:
+    return objective.noise is not None and objective.noise.within(floors, best, value)
+
+
+def _floor_of(objective: Objective, floors: Floors) -> Optional[float]:
+    return None if objective.noise is None else objective.noise.bound(floors)
+
+
+def _spread_reason(objective: Objective, ranked: list[Row]) -> str:
+    spread = objective.spread or (lambda r: None)
+    known = [(r["strategy"], s) for r in ranked if (s := spread(r)) is not None]
     if not known:
         return (
             f"no epoch-to-epoch spread measured (it takes {objective.spread_needs}): the "
@@ -302,44 +195,8 @@ def _spread_reason(objective: _Objective, ranked: list[Row]) -> str:
     return f"epoch-to-epoch spread (a difference within it is a tie): {cells}"
 
 
-def _winner_reason(objective: str, row: Row, value: float, device: str) -> str:
-    name = row["strategy"]
-    if objective == "fastest_to_target":
-        return f"{name}: reached it in {value:.1f} s of training (epoch {row['epoch_to_target']})"
-    if objective == "throughput":
-        return f"{name}: {value:.0f} steady samples/s"
-    if objective == "peak_memory":
-        return f"{name}: {value:.0f} MiB training peak on its busiest {device} ({_busiest(row)})"
-    cells = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_memory_mib"].items())
-    return (
-        f"{name}: its busiest {device} peaks at {value:.2f}x the mean over its "
-        f"{_count(row, device)} ({cells} MiB)"
-    )
-
-
-def _ratio_reason(
-    objective: str, name: str, value: float, other: str, theirs: float, device: str
-) -> str:
-    """The winner against another strategy: "ddp: 1.63x single's ... (a vs b ...)"."""
-    if value <= 0 or theirs <= 0:  # no ratio to speak of
-        return f"{name}: {value:g} vs {other}'s {theirs:g}"
-    if objective == "fastest_to_target":
-        return f"{name}: {theirs / value:.2f}x sooner than {other} ({value:.1f} vs {theirs:.1f} s)"
-    if objective == "throughput":
-        return (
-            f"{name}: {value / theirs:.2f}x {other}'s steady samples/s "
-            f"({value:.0f} vs {theirs:.0f} samples/s)"
-        )
-    if objective == "peak_memory":
-        return (
-            f"{name}: {value / theirs:.2f}x {other}'s training peak on the busiest {device} "
-            f"({value:.0f} vs {theirs:.0f} MiB)"
-        )
-    return f"{name}: imbalance {value:.2f} vs {other}'s {theirs:.2f}"
-
-
 def _recommend(
-    objective: _Objective,
+    objective: Objective,
     rows: list[Row],
     target: Optional[float],
     device: str,
@@ -348,7 +205,7 @@ def _recommend(
 ) -> Recommendation:
     turns = []  # ranks that took turns on one GPU: their time is no speed (recorder.shared_note)
     busy: list[tuple[Row, float]] = []  # timed on a machine too busy to time them: shown only
-    if objective.key in SPEED_OBJECTIVES:
+    if objective.timed is not None:
         turns = [r["strategy"] for r in rows if r.get("shared_devices")]
         rows = [r for r in rows if not r.get("shared_devices")]
         busy = [
@@ -358,14 +215,15 @@ def _recommend(
         ]
         rows = [r for r in rows if all(r is not b for b, _ in busy)]
     measured = [(r, v) for r in rows if (v := objective.value(r)) is not None]
-    missing = [r["strategy"] for r in rows if objective.value(r) is None]
+    missing = [r for r in rows if objective.value(r) is None]
     left_out = [
         *(
             [f"not ranked, its ranks shared a GPU (shared-device): {', '.join(turns)}"]
             * bool(turns)
         ),
         *(
-            f"machine busy: not ranked: {objective.describe(r, v)} ({busy_words(r, objective.key)})"
+            f"machine busy: not ranked: {objective.describe(r, v, device)} "
+            f"({busy_words(r, objective.key)})"
             for r, v in busy
         ),
     ]
@@ -374,11 +232,11 @@ def _recommend(
         *([f"not ranked, shared a GPU: {_and(turns)}"] if turns else []),
         *([f"not ranked, machine busy: {_and([r['strategy'] for r, _ in busy])}"] if busy else []),
     ]
-    waits = [r[LOADS[objective.key]] for r, _ in busy]
+    waits = [machine_busy(r, objective.key) or 0.0 for r, _ in busy]
     all_busy = (
-        f"every strategy {'that reached it' if objective.key == 'fastest_to_target' else 'timed'} "
-        f"ran on a busy machine (waited {min(waits, default=0):.0%} to {max(waits, default=0):.0%}"
-        " of its runnable time for a core)"
+        f"every strategy {objective.timed} ran on a busy machine (waited "
+        f"{min(waits, default=0):.0%} to {max(waits, default=0):.0%} of its runnable time for "
+        "a core)"
     )
 
     def none(*reasons: str) -> Recommendation:
@@ -386,41 +244,18 @@ def _recommend(
         # where every strategy was busy, the reason names them all
         line = "; ".join(["none", why, *(unranked if why != all_busy else unranked[:-1])])
         return Recommendation(
-            objective.key, objective.title, (), (*reasons, *left_out), headline=line
+            objective.key,
+            objective.title(target),
+            (),
+            (*reasons, *left_out),
+            headline=line,
+            alias=objective.alias,
         )
 
-    if objective.key == "fastest_to_target":
-        if target is None:
-            return none("no target set (report.target_accuracy): nothing to reach")
-        if not measured and busy:
-            return none(all_busy)
-        if not measured:
-            top = max(rows, key=lambda r: r["test_acc"])
-            return none(
-                f"no strategy reached test accuracy {target:g} (the highest final: "
-                f"{top['strategy']} {top['test_acc']:.4f}); none recommended for it"
-            )
-        missing_text = f"not reached by {', '.join(missing)}"
-    elif objective.key == "memory_balance":
-        if not measured:
-            return none("every strategy ran on one device: nothing to balance")
-        missing_text = f"one device, nothing to balance: {', '.join(missing)}"
-    elif objective.key == "throughput":
-        # each run left out with the reason it gave (RunSummary.speed_note)
-        missing_text = "no steady figure, not ranked: " + "; ".join(
-            f"{r['strategy']} ({r['speed_note']})" if r.get("speed_note") else r["strategy"]
-            for r in rows
-            if objective.value(r) is None
-        )
-        if not measured and busy:
-            return none(all_busy)
-        if not measured:
-            noted = any(r.get("speed_note") for r in rows)
-            return none("no strategy has this figure", *([missing_text] if noted else []))
-    else:
-        if not measured:
-            return none("no strategy has this figure")
-        missing_text = f"not measured: {', '.join(missing)}"
+    if not measured and busy:
+        return none(all_busy)
+    if not measured:
+        return none(*objective.nothing(rows, target))
 
     sign = 1 if objective.lower_is_better else -1
     ranked = sorted(measured, key=lambda rv: sign * rv[1])  # stable: report order on ties
@@ -432,7 +267,7 @@ def _recommend(
     pick = tie_pick([r for r, _ in winners])
     reasons = []
     if len(winners) > 1:
-        cells = "; ".join(objective.describe(r, v) for r, v in winners)
+        cells = "; ".join(objective.describe(r, v, device) for r, v in winners)
         reasons.append(f"{_and(names)} tie{_tie_kind(objective, winners, best, floors)} ({cells})")
     if pick != names[0]:
         alike = len({r["n_devices"] for r, _ in winners}) == 1
@@ -440,81 +275,80 @@ def _recommend(
         reasons.append(f"{pick}'s model stands for them in MLflow: {why}")
     base = next((v for r, v in measured if r["strategy"] == BASELINE), None)
     compared: list[str] = list(names[1:])  # what the reasons set the winner against
-    if objective.key == "memory_balance":
-        primary = _winner_reason(objective.key, best_row, best, device)
+    if objective.ratio is None:  # its own figure says it: the next best beside it
+        primary = objective.winner(best_row, best, device)
         if rest:
-            primary += f"; the next best: {objective.describe(*rest[0])}"
+            primary += f"; the next best: {objective.describe(*rest[0], device)}"
         reasons.append(primary)
     elif base is not None and BASELINE not in names:
-        reasons.append(_ratio_reason(objective.key, names[0], best, BASELINE, base, device))
+        reasons.append(objective.ratio(names[0], best, BASELINE, base, device))
         compared.append(BASELINE)
     elif rest:
         runner, theirs = rest[0]
         reasons.append(
-            _ratio_reason(objective.key, names[0], best, runner["strategy"], theirs, device)
-            + " (the next best)"
+            objective.ratio(names[0], best, runner["strategy"], theirs, device) + " (the next best)"
         )
         compared.append(runner["strategy"])
     elif len(winners) == 1:
         only = "the only strategy compared" if len(rows) == 1 else "the only one measured"
-        reasons.append(f"{_winner_reason(objective.key, best_row, best, device)}; {only}")
+        reasons.append(f"{objective.winner(best_row, best, device)}; {only}")
     if len(measured) > 2 and rest:  # beyond what the lines above name
-        reasons.append("ranking: " + "; ".join(objective.describe(r, v) for r, v in ranked))
+        reasons.append("ranking: " + "; ".join(objective.describe(r, v, device) for r, v in ranked))
     warm = [r["strategy"] for r, _ in measured if r.get("steady_basis") == WARMUP_STANDS_IN]
-    if objective.key == "throughput" and warm:
+    if objective.steady and warm:
         reasons.append(f"including warm-up (no epoch free of it): {', '.join(warm)}")
-    if objective.key in SPEED_OBJECTIVES:
+    if objective.timed is not None:
         differ = _features_differ(best_row, [r for r in rows if r["strategy"] in compared])
         if differ:
             reasons.append(differ)
-    if objective.key in SPEED_OBJECTIVES and len(measured) > 1:
-        reasons += filter(None, [floor_reason(objective.key, floors.speed)])
-    if objective.key in MEMORY_OBJECTIVES and len(measured) > 1:
-        reasons += filter(None, [memory_noise.floor_reason(floors.memory)])
+    if objective.noise is not None and len(measured) > 1:
+        reasons += filter(None, [objective.noise.reason(floors)])
     if objective.spread is not None and len(measured) > 1:
         reasons.append(_spread_reason(objective, [r for r, _ in ranked]))
     if missing:
-        reasons.append(missing_text)
+        reasons.append(objective.missing(missing))
     reasons += left_out
     accuracy = tuple(verdicts[n] for n in names if n in verdicts)
     pick_row, pick_value = next((r, v) for r, v in winners if r["strategy"] == pick)
-    status = [f"{pick} {objective.describe(pick_row, pick_value).removeprefix(pick + ' ')}"]
+    described = objective.describe(pick_row, pick_value, device).removeprefix(pick + " ")
+    status = [f"{pick} {described}"]
     if len(winners) > 1:
         kind = _tie_kind(objective, winners, best, floors)
-        bound = _floor_of(objective.key, floors) if kind == " within the noise floor" else None
+        bound = _floor_of(objective, floors) if kind == " within the noise floor" else None
         status.append(
             f"a tie{kind}{f' {bound:.1%}' if bound is not None else ''} with "
             f"{_and([n for n in names if n != pick])}"
         )
     elif rest:
         runner = rest[0][0]
-        spreads = [r.get(objective.spread) for r in (best_row, runner)] if objective.spread else []
-        tested = _floor_of(objective.key, floors) is not None or any(x is not None for x in spreads)
+        spreads = [objective.spread(r) for r in (best_row, runner)] if objective.spread else []
+        tested = _floor_of(objective, floors) is not None or any(x is not None for x in spreads)
         status.append(
             f"ahead of {runner['strategy']} "
             + ("beyond the noise" if tested else "(not tested against noise)")
         )
     line = "; ".join([*status, *unranked])
     return Recommendation(
-        objective.key, objective.title, names, tuple(reasons), accuracy, pick, line
+        objective.key,
+        objective.title(target),
+        names,
+        tuple(reasons),
+        accuracy,
+        pick,
+        line,
+        objective.alias,
     )
 
 
-def _floor_of(objective: str, floors: Floors) -> Optional[float]:
-    if objective in SPEED_OBJECTIVES:
-        return floors.speed.floor(objective)
-    return floors.memory.floor if objective in MEMORY_OBJECTIVES else None
-
-
 def _tie_kind(
-    objective: _Objective, winners: list[tuple[Row, float]], best: float, floors: Floors
+    objective: Objective, winners: list[tuple[Row, float]], best: float, floors: Floors
 ) -> str:
     """How tied strategies tie: "" (their figures read the same), " within the noise floor"
     (the A/A group's), or " within the spread" (the epoch-to-epoch one)."""
     inexact = [v for _, v in winners if objective.shown(v) != objective.shown(best)]
     if not inexact:
         return ""
-    floored = all(floors.within(objective.key, best, v) for v in inexact)
+    floored = all(_within_floor(objective, floors, best, v) for v in inexact)
     return " within the noise floor" if floored else " within the spread"
 
 
@@ -641,10 +475,11 @@ def recommend(
     rows: list[Row],
     target: Optional[float],
     seeds: Optional[Mapping[str, Optional[Mapping[str, float]]]] = None,
+    objectives: Sequence[Objective] = OBJECTIVES,
 ) -> Answer:
-    """The answer for these rows (table.comparison_rows, in report order). `seeds`: per
-    strategy, the final test accuracy of each seed of otherwise identical runs (None or
-    missing: no noise estimate for it)."""
+    """The answer for these rows (table.comparison_rows, in report order): one recommendation
+    per objective, in their order. `seeds`: per strategy, the final test accuracy of each
+    seed of otherwise identical runs (None or missing: no noise estimate for it)."""
     if not rows:
         raise ValueError("no strategies to recommend from")
     seeds = seeds or {}
@@ -661,8 +496,7 @@ def recommend(
     floor = speed_floor(rows)
     floors = Floors(floor, memory_floor(rows))
     recommendations = tuple(
-        _recommend(objective, rows, target, device, verdicts, floors)
-        for objective in _objectives(target, device)
+        _recommend(objective, rows, target, device, verdicts, floors) for objective in objectives
     )
     claim, measured = _notes_claim(rows, spreads, floor)
     claim = f"{claim} {drop_explained(rows)[0]}"  # what explains the notes' lower accuracy
@@ -693,37 +527,76 @@ def _model_line(registered: Optional[Registration]) -> Optional[str]:
     return line
 
 
-def _title(r: Recommendation) -> str:
-    return f"{r.title}: {_and(r.strategies) if r.strategies else 'none'}"
+@dataclass(frozen=True)
+class _Entry:
+    """One entry of the answer as every format shows it: an objective's recommendation, or a
+    strategy that did not fit."""
+
+    title: str
+    names: tuple[str, ...]  # whom it names: the recommended strategies, or the one that did not fit
+    picked: bool  # the names are picks (highlighted as such), not left out
+    headline: str  # its one line under the answer's heading
+    details: tuple[str, ...]  # what folds beneath: its reasons, then the accuracy line
+    recommendation: Optional[Recommendation] = None  # an objective's: its fields for JSON
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """The answer walked once, in the order every format shows it."""
+
+    hardware: str
+    entries: tuple[_Entry, ...]
+    paragraphs: tuple[tuple[str, str], ...]  # (kind, text): the noise, the claim, the model
+
+
+def _walk(answer: Answer, registered: Optional[Registration]) -> _Walk:
+    entries = [
+        _Entry(
+            r.title,
+            r.strategies,
+            r.pick is not None,
+            r.headline,
+            (*r.reasons, *([f"final test accuracy: {'; '.join(r.accuracy)}"] * bool(r.accuracy))),
+            r,
+        )
+        for r in answer.recommendations
+    ]
+    entries += [_Entry("Did not fit", (name,), False, name, (line,)) for name, line in answer.unfit]
+    model = _model_line(registered)
+    paragraphs = [
+        ("noise", answer.speed_noise),
+        ("noise", answer.noise),
+        ("claim", answer.notes_claim),
+        *([("model", model)] if model is not None else []),
+    ]
+    return _Walk(answer.hardware, tuple(entries), tuple(paragraphs))
+
+
+def _names(entry: _Entry) -> str:
+    return _and(entry.names) if entry.names else "none"
 
 
 def headlines(answer: Answer) -> list[tuple[str, str]]:
     """The answer on one screen: (title, line) per objective (its headline), and one per
     strategy that did not fit."""
-    return [(r.title, r.headline) for r in answer.recommendations] + [
-        ("Did not fit", name) for name, _ in answer.unfit
-    ]
+    return [(e.title, e.headline) for e in _walk(answer, None).entries]
 
 
 # what folds beneath the headline lines
 DETAILS = "Why: the rankings, noise floors and spreads of each objective"
+HEADING = "Which strategy on this hardware"
 
 
 def markdown(answer: Answer, registered: Optional[Registration] = None) -> str:
-    lines = [f"## Which strategy on this hardware: {answer.hardware}", ""]
-    lines += [f"- **{title}**: {line}" for title, line in headlines(answer)]
+    walk = _walk(answer, registered)
+    lines = [f"## {HEADING}: {walk.hardware}", ""]
+    lines += [f"- **{e.title}**: {e.headline}" for e in walk.entries]
     lines += ["", f"### {DETAILS}", ""]
-    for r in answer.recommendations:
-        lines.append(f"- **{_title(r)}**")
-        lines += [f"  - {reason}" for reason in r.reasons]
-        if r.accuracy:
-            lines.append(f"  - final test accuracy: {'; '.join(r.accuracy)}")
-    for name, line in answer.unfit:
-        lines += [f"- **Did not fit: {name}**", f"  - {line}"]
-    lines += ["", answer.speed_noise, "", answer.noise, "", answer.notes_claim]
-    model = _model_line(registered)
-    if model is not None:
-        lines += ["", model]
+    for e in walk.entries:
+        lines.append(f"- **{e.title}: {_names(e)}**")
+        lines += [f"  - {line}" for line in e.details]
+    for _, paragraph in walk.paragraphs:
+        lines += ["", paragraph]
     return "\n".join(lines) + "\n"
 
 
@@ -740,65 +613,54 @@ def text(answer: Answer, registered: Optional[Registration] = None, width: int =
     return "\n".join(out) + "\n"
 
 
-def html_section(answer: Answer, registered: Optional[Registration] = None) -> str:
-    def esc(text: str) -> str:  # `code` as <code>
-        return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
-
-    items = []
-    for r in answer.recommendations:
-        details = [esc(x) for x in r.reasons]
-        if r.accuracy:
-            details.append(f"final test accuracy: {esc('; '.join(r.accuracy))}")
-        pick = (
-            _and([f"<span class=pick>{esc(s)}</span>" for s in r.strategies])
-            if r.strategies
-            else "<span class=none>none</span>"
-        )
-        items.append(
-            f"<li><b>{esc(r.title)}:</b> {pick}<ul>"
-            + "".join(f"<li>{d}</li>" for d in details)
-            + "</ul></li>"
-        )
-    items += [
-        f"<li><b>Did not fit:</b> <span class=none>{esc(name)}</span><ul><li>{esc(line)}</li>"
-        "</ul></li>"
-        for name, line in answer.unfit
-    ]
-    model = _model_line(registered)
-    heads = "".join(
-        f"<li><b>{esc(r.title)}</b>: {_head_pick(r, esc)}</li>" for r in answer.recommendations
-    ) + "".join(
-        f"<li><b>Did not fit</b>: <span class=none>{esc(name)}</span></li>"
-        for name, _ in answer.unfit
-    )
-    return (
-        '<section class="answer">\n'
-        f"<h2>Which strategy on this hardware: {esc(answer.hardware)}</h2>\n"
-        f'<ul class="headlines">{heads}</ul>\n'
-        f"<details><summary>{esc(DETAILS)}</summary>\n"
-        f"<ul>{''.join(items)}</ul>\n"
-        f'<p class="noise">{esc(answer.speed_noise)}</p>\n'
-        f'<p class="noise">{esc(answer.noise)}</p>\n'
-        f'<p class="claim">{esc(answer.notes_claim)}</p>\n'
-        + (f'<p class="model">{esc(model)}</p>\n' if model else "")
-        + "</details>\n</section>"
-    )
+def _esc(text: str) -> str:  # `code` as <code>
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
-def _head_pick(r: Recommendation, esc: Callable[[str], str]) -> str:
+def _spans(entry: _Entry) -> str:
+    """Its names highlighted: as picks, or as left out; "none" where it names none."""
+    if not entry.names:
+        return "<span class=none>none</span>"
+    css = "pick" if entry.picked else "none"
+    return _and([f"<span class={css}>{_esc(name)}</span>" for name in entry.names])
+
+
+def _head_pick(entry: _Entry) -> str:
     """A headline's pick highlighted: the text up to its first "; " (the pick and its figure),
     then the rest (a tie, the unranked)."""
-    first, sep, rest = r.headline.partition("; ")
+    first, sep, rest = entry.headline.partition("; ")
     name, _, figure = first.partition(" ")
-    css = "pick" if r.pick is not None else "none"
-    figure = f" {esc(figure)}" if figure else ""
-    return f"<span class={css}>{esc(name)}</span>{figure}{esc(sep + rest)}"
+    css = "pick" if entry.picked else "none"
+    figure = f" {_esc(figure)}" if figure else ""
+    return f"<span class={css}>{_esc(name)}</span>{figure}{_esc(sep + rest)}"
+
+
+def html_section(answer: Answer, registered: Optional[Registration] = None) -> str:
+    walk = _walk(answer, registered)
+    heads = "".join(f"<li><b>{_esc(e.title)}</b>: {_head_pick(e)}</li>" for e in walk.entries)
+    items = "".join(
+        f"<li><b>{_esc(e.title)}:</b> {_spans(e)}<ul>"
+        + "".join(f"<li>{_esc(line)}</li>" for line in e.details)
+        + "</ul></li>"
+        for e in walk.entries
+    )
+    paragraphs = "".join(f'<p class="{kind}">{_esc(p)}</p>\n' for kind, p in walk.paragraphs)
+    return (
+        '<section class="answer">\n'
+        f"<h2>{HEADING}: {_esc(walk.hardware)}</h2>\n"
+        f'<ul class="headlines">{heads}</ul>\n'
+        f"<details><summary>{_esc(DETAILS)}</summary>\n"
+        f"<ul>{items}</ul>\n"
+        f"{paragraphs}"
+        "</details>\n</section>"
+    )
 
 
 def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[str, Any]:
     """reports/recommendation.json."""
+    walk = _walk(answer, registered)
     return {
-        "hardware": answer.hardware,
+        "hardware": walk.hardware,
         "objectives": {
             r.objective: {
                 "title": r.title,
@@ -807,7 +669,8 @@ def to_json(answer: Answer, registered: Optional[Registration] = None) -> dict[s
                 "reasons": list(r.reasons),
                 "accuracy": list(r.accuracy),
             }
-            for r in answer.recommendations
+            for r in (e.recommendation for e in walk.entries)
+            if r is not None
         },
         "noise": answer.noise,
         "speed_noise": {"text": answer.speed_noise, **answer.floor.to_json()},

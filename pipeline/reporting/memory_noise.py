@@ -70,14 +70,29 @@ def memory_floor(rows: Sequence[Row]) -> MemoryFloor:
     return MemoryFloor(group, peaks, max(known) if known else None, epochs, across)
 
 
+def within_ratio(best: float, value: float, floor: MemoryFloor) -> bool:
+    """Whether peak `value` ties `best` (the better one) within the memory floor: their
+    ratio, higher over lower, is no further from 1 than the floor."""
+    if floor.floor is None or best <= 0 or value <= 0:
+        return False
+    return max(best, value) / min(best, value) - 1 <= floor.floor
+
+
+def within_difference(best: float, value: float, floor: MemoryFloor) -> bool:
+    """Whether imbalance `value` ties `best` within the memory floor: by their difference."""
+    if floor.floor is None or best <= 0 or value <= 0:
+        return False
+    return abs(value - best) <= floor.floor
+
+
+# how each memory objective's two figures are set against the floor
+WITHIN = {"peak_memory": within_ratio, "memory_balance": within_difference}
+
+
 def within(objective: str, best: float, value: float, floor: MemoryFloor) -> bool:
     """Whether `value` ties `best` (the better figure) within the memory floor: peaks by their
     ratio, imbalances by their difference."""
-    if floor.floor is None or best <= 0 or value <= 0:
-        return False
-    if objective == "peak_memory":
-        return max(best, value) / min(best, value) - 1 <= floor.floor
-    return abs(value - best) <= floor.floor
+    return WITHIN[objective](best, value, floor)
 
 
 def floor_reason(floor: MemoryFloor) -> Optional[str]:

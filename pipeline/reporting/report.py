@@ -189,9 +189,9 @@ def register(
 ) -> Registration | None:
     """The recommended strategies' logged models as versions of the registered model named
     after the MLflow experiment: the choice (the throughput pick, else the first objective's)
-    under the alias RECOMMENDED, each objective's pick under its own
-    (answer.OBJECTIVE_ALIASES), so where the objectives disagree each has its version. None
-    when no objective recommends a strategy."""
+    under the alias RECOMMENDED, each objective's pick under its own (Recommendation.alias:
+    objectives.py), so where the objectives disagree each has its version. None when no
+    objective recommends a strategy."""
     choice = answered.choice()
     if choice is None:
         return None
@@ -211,8 +211,7 @@ def register(
         for s in dict.fromkeys([strategy, *picks.values()])
     }
     wanted = {
-        alias: versions[picks[key]] if key in picks else None
-        for key, alias in answer.OBJECTIVE_ALIASES.items()
+        r.alias: versions[r.pick] if r.pick is not None else None for r in answered.recommendations
     }
     aliases = set_aliases(experiment, {RECOMMENDED: versions[strategy], **wanted})
     return replace(versions[strategy], aliases=aliases)

@@ -49,6 +49,11 @@ FIGURES: dict[str, tuple[str, bool]] = {
 }
 # the load over the epochs each objective's figure is taken over (table.comparison_rows)
 LOADS = {"throughput": "steady_core_wait", "fastest_to_target": "core_wait"}
+# each figure as the floor's reason line shows the A/A group's
+SHOWN: dict[str, Callable[[float], str]] = {
+    "throughput": lambda v: f"{v:.0f} samples/s",
+    "fastest_to_target": lambda v: f"{v:.1f} s",
+}
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,9 @@ def floor_reason(objective: str, floor: SpeedFloor) -> Optional[str]:
     parts = []
     if floor.aa.get(objective) is not None:
         figures = floor.figures[objective]
-        shown = (
-            (lambda v: f"{v:.0f} samples/s")
-            if objective == "throughput"
-            else (lambda v: f"{v:.1f} s")
-        )
         parts.append(
-            f"A/A: {_and(list(figures))}, the same computation here: {_cells(figures, shown)}"
+            f"A/A: {_and(list(figures))}, the same computation here: "
+            f"{_cells(figures, SHOWN[objective])}"
         )
     load = _load_words(objective, floor)
     if load is not None:
