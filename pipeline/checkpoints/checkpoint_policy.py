@@ -178,7 +178,7 @@ class CheckpointPolicy:
         prec = training.prec
         state = {  # this rank's own; the model and optimizer go to DCP (`sharded`)
             "rng": rng_state(self.ctx.device),
-            "train_totals": progress.totals.state,
+            "train_totals": progress.totals.tensor,
             "grad_scaler": prec.scaler.state_dict() if prec.scaler is not None else None,
         }
         record = {

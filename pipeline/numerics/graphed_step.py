@@ -168,9 +168,8 @@ class GraphedStep:
             self._capture(step, images, labels, totals)
         else:
             static_images, static_labels, captured_totals = self.static
-            if (
-                totals.tensor is not captured_totals.tensor
-            ):  # the graph would add into the captured one
+            # the graph adds into the tensor it was captured with
+            if totals.tensor is not captured_totals.tensor:
                 raise RuntimeError("graphed step: totals is not the tensor it was captured with")
             static_images.copy_(images)
             static_labels.copy_(labels)

@@ -3,7 +3,7 @@ rank's samples: their loss, how many were classified right, and how many there w
 
 They stay on the device, so that nothing in an epoch waits for the GPU: the step adds each
 batch's (`add`, a few kernels), the writer's live report copies them to the host without
-waiting (recording/live.py), a checkpoint keeps them as they are (`state`), and once per
+waiting (recording/live.py), a checkpoint keeps them as they are (`tensor`), and once per
 epoch they are summed over the ranks and read (`reduced`), the one host sync. `Sums` names
 the fields; the layout of the tensor underneath lives here alone.
 """
@@ -41,7 +41,8 @@ class Totals:
     """The running `Sums` of this rank, one float64 tensor on the device underneath."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor  # [loss_sum, correct, samples]; added into in place
+        # [loss_sum, correct, samples], added into in place; a checkpoint keeps it bit for bit
+        self.tensor = tensor
 
     @classmethod
     def zeros(cls, device: torch.device) -> Totals:
@@ -53,11 +54,6 @@ class Totals:
         if not isinstance(state, torch.Tensor) or state.shape != (len(Sums._fields),):
             return f"expected [{', '.join(Sums._fields)}]"
         return None
-
-    @property
-    def state(self) -> torch.Tensor:
-        """What a checkpoint keeps: the tensor itself, bit for bit."""
-        return self.tensor
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Add one batch's, from its logits: kernels only, no host sync."""
