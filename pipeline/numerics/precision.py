@@ -13,8 +13,8 @@ switches that go with them (TF32, cuDNN autotuning); torch.compile is torch_comp
   fp16  autocast to float16 with dynamic loss scaling (GradScaler); CUDA only.
 
 What cannot apply on the device falls back to fp32 and says so in `notes`, which the run
-prints and records. The loop only calls `autocast()`, `backward()` and `step()`; with fp32 or
-fp64 they are plain `loss.backward()` and `optimizer.step()`.
+prints and records. The loop calls `autocast()` and `backward()` (with fp32 or fp64 a plain
+`loss.backward()`), and steps through `scaler` where there is one (fp16).
 
 The choice is the job's, made once from every rank's GPU (`job_capabilities`): the lowest
 compute capability decides `auto` and the fallbacks for all of them. Chosen per rank, an A100
@@ -55,15 +55,6 @@ class Precision:
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """optimizer.step(), or the scaler's: unscale, skip the step on inf/NaN gradients,
-        adapt the scale. With a fused optimizer the skip decision stays on the GPU."""
-        if self.scaler is None:
-            optimizer.step()
-            return
-        self.scaler.step(optimizer)
-        self.scaler.update()
 
 
 Capability = tuple[int, int]  # a GPU's compute capability, (major, minor)

@@ -184,7 +184,11 @@ class Trainer:
                     prec.backward(loss)  # fp16 scales the loss first: small gradients survive
             if logits is not None:
                 totals.add(logits.detach(), y)
-        prec.step(optimizer)  # fp16's scaler skips a step on inf/NaN gradients
+        if prec.scaler is None:
+            optimizer.step()
+        else:  # fp16: unscale, skip the step on inf/NaN gradients, adapt the scale
+            prec.scaler.step(optimizer)
+            prec.scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
     def graph_step(self, x: torch.Tensor, y: torch.Tensor, totals: Totals) -> None:

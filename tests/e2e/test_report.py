@@ -23,6 +23,7 @@ from pipeline.reporting import table
 from pipeline.reporting.answer import OBJECTIVE_ALIASES as ALIASES
 from pipeline.reporting.plots import PLOTS
 from pipeline.reporting.report import CHILD_METRICS
+from pipeline.reporting.speed_noise import machine_busy
 from support import IMAGE, LEARNED, dvc
 from support import run as run_in
 
@@ -242,24 +243,40 @@ def test_the_report_opens_with_the_recommendation(project):
     answer = json.loads((project / "reports/recommendation.json").read_text())
     summary = json.loads((project / "reports/comparison.json").read_text())
     assert list(answer["objectives"]) == OBJECTIVES
-    fastest = min(summary, key=lambda n: summary[n]["time_to_target_s"])
-    assert fastest in answer["objectives"]["fastest_to_target"]["strategies"]
-    quickest = max(summary, key=lambda n: summary[n]["steady_samples_per_s"])
+
+    def ranked(objective: str) -> list[str]:
+        # a run the machine was too busy to time is shown, not ranked (CI is often loaded)
+        return [n for n in summary if machine_busy(summary[n], objective) is None]
+
+    fastest_to = answer["objectives"]["fastest_to_target"]["strategies"]
+    reached = [n for n in ranked("fastest_to_target") if summary[n]["time_to_target_s"]]
+    if reached:
+        assert min(reached, key=lambda n: summary[n]["time_to_target_s"]) in fastest_to
+    else:
+        assert fastest_to == []
     throughput = answer["objectives"]["throughput"]
-    assert quickest in throughput["strategies"]
-    ratio = summary[quickest]["steady_samples_per_s"] / summary["single"]["steady_samples_per_s"]
-    floor = answer["speed_noise"]["floors"]["throughput"]  # single, dp and balanced_dp's A/A
-    assert floor is not None and answer["speed_noise"]["group"] == ["single", "dp", "balanced_dp"]
-    if "single" in throughput["strategies"]:  # a tie with the best: said first, as one
-        assert "tie within" in throughput["reasons"][0], throughput["reasons"]
-        spreads = [summary[n]["steady_samples_per_s_spread"] or 0 for n in (quickest, "single")]
-        gap = summary[quickest]["steady_samples_per_s"] - summary["single"]["steady_samples_per_s"]
-        assert ratio - 1 <= floor or gap <= max(spreads)  # within the A/A floor, or the spread
-    else:  # a win over single, beyond the floor: its reason is the ratio to single's
-        assert ratio - 1 > floor
-        assert throughput["reasons"][0].startswith(
-            f"{quickest}: {ratio:.2f}x single's steady samples/s ("
-        )
+    timed = ranked("throughput")
+    if not timed:
+        assert throughput["strategies"] == []
+    else:
+        quickest = max(timed, key=lambda n: summary[n]["steady_samples_per_s"])
+        assert quickest in throughput["strategies"]
+    if timed and "single" in timed:  # the ratio to single's, against the A/A floor
+        single = summary["single"]["steady_samples_per_s"]
+        ratio = summary[quickest]["steady_samples_per_s"] / single
+        floor = answer["speed_noise"]["floors"]["throughput"]  # single, dp, balanced_dp's A/A
+        group = answer["speed_noise"]["group"]
+        assert floor is not None and group == ["single", "dp", "balanced_dp"]
+        if "single" in throughput["strategies"]:  # a tie with the best: said first, as one
+            assert "tie within" in throughput["reasons"][0], throughput["reasons"]
+            spreads = [summary[n]["steady_samples_per_s_spread"] or 0 for n in (quickest, "single")]
+            gap = summary[quickest]["steady_samples_per_s"] - single
+            assert ratio - 1 <= floor or gap <= max(spreads)  # within the A/A floor or spread
+        else:  # a win over single, beyond the floor: its reason is the ratio to single's
+            assert ratio - 1 > floor
+            assert throughput["reasons"][0].startswith(
+                f"{quickest}: {ratio:.2f}x single's steady samples/s ("
+            )
     lightest = min(summary, key=lambda n: max(summary[n]["peak_memory_mib"].values()))
     assert lightest in answer["objectives"]["peak_memory"]["strategies"]
     assert answer["objectives"]["memory_balance"]["strategies"]  # ddp, fsdp: 2 processes
