@@ -71,17 +71,16 @@ class EpochRow:
     # The first epoch its process ran, started fresh or resumed (possibly mid-epoch): it paid
     # the one-off work of a process start (allocator growth, cuDNN autotuning, NCCL set-up,
     # torch.compile), so steady figures leave it out (`is_warmup`). history.csv and MLflow
-    # carry it as 0/1; records written before it existed read as False.
+    # carry it as 0/1.
     warmup: bool = False
     # The step a process resumed this epoch at; 0: one process ran it from its first step.
     # An epoch resumed mid-way ran in more than one process, each paying a start's one-off
-    # work: it is never a steady epoch, nor stands in for one (`is_split`). Records written
-    # before it existed read as 0.
+    # work: it is never a steady epoch, nor stands in for one (`is_split`).
     resumed_at_step: int = 0
     # The share of its training steps' runnable time the run's busiest rank spent waiting for
     # a CPU core (pipeline/core_wait.py): the machine's load during the epoch, which the
-    # report's speed noise floor allows for. None where the kernel does not count it, and in
-    # records written before it existed (history.csv: an empty cell).
+    # report's speed noise floor allows for. None where the kernel does not count it
+    # (history.csv: an empty cell).
     core_wait: Optional[float] = None
     # pipeline.memory.epoch_metrics: "memory/gpu_3_peak_allocated_mib" (training steps),
     # "memory/gpu_3_eval_peak_allocated_mib" (evaluation; `device_metric`), "mem_imbalance", ...
@@ -134,13 +133,13 @@ class RunSummary:
     steady_epoch_seconds: Optional[float]
     steady_samples_per_s: Optional[float]
     # what the steady figures are taken over (`steady_basis`): STEADY, WARMUP_STANDS_IN or
-    # NO_STEADY; files written before it existed read STEADY, which is what they claimed
+    # NO_STEADY
     steady_basis: str = "steady"
     # why a speed figure is empty or includes warm-up, in words; None: neither
     speed_note: Optional[str] = None
     # the speed options as they applied, after every fallback: precision, channels_last,
     # compile (its mode or "off"), cuda_graphs ("none", "compile": compile's per forward and
-    # backward, "step": the whole step); empty in files written before it existed
+    # backward, "step": the whole step)
     speed_features: dict[str, Any] = field(default_factory=dict)
     # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share") of the training
@@ -156,6 +155,7 @@ class RunSummary:
     fingerprint: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
+        """Every field (summary.json without one is an older parallel-lab's: read_summary)."""
         last = ("memory", "notes", "fingerprint")
         out = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in last
@@ -169,6 +169,10 @@ class RunSummary:
             **{k: v for k, v in data.items() if k in names},
             memory={k: v for k, v in data.items() if k not in names},
         )
+
+
+# what every summary.json this code writes holds (`RunSummary.to_json`)
+SUMMARY_KEYS = frozenset(f.name for f in dataclasses.fields(RunSummary)) - {"memory"}
 
 
 def device_metric(label: str, phase: str, what: str) -> str:
@@ -187,9 +191,6 @@ def device_of(label: str) -> str:
 
 _PEAK = r"(?P<phase>eval_)?peak_(?P<what>allocated|reserved|rss)_mib$"
 _DEVICE_METRIC = re.compile(r"^memory/(?P<label>(node\d+_)?(gpu|cpu)_.+?)_" + _PEAK)
-# epochs a checkpoint recorded before those names ("node1.gpu3/peak_allocated_mib"): a run
-# resumed from one reads them as the same devices
-_OLD_DEVICE_METRIC = re.compile(r"^(?P<node>node\d+\.)?(?P<kind>gpu|cpu)(?P<id>[^/]+)/" + _PEAK)
 
 
 def parse_device_metric(key: str) -> Optional[tuple[str, str, str]]:
@@ -197,10 +198,6 @@ def parse_device_metric(key: str) -> Optional[tuple[str, str, str]]:
     m = _DEVICE_METRIC.match(key)
     if m:
         return m["label"], m["phase"] or "", m["what"]
-    m = _OLD_DEVICE_METRIC.match(key)
-    if m:
-        node = m["node"].replace(".", "_") if m["node"] else ""
-        return f"{node}{m['kind']}_{m['id']}", m["phase"] or "", m["what"]
     return None
 
 
@@ -383,6 +380,8 @@ def read_summary(strategy: str, results: Path = RESULTS) -> RunSummary:
             raise TypeError(f"a JSON {type(data).__name__}, expected an object")
         if data.get("outcome") == DID_NOT_FIT:
             raise UserError(f"{path}: {strategy} did not fit its device's memory: no figures")
+        if "strategy" in data and not SUMMARY_KEYS <= data.keys():
+            raise UserError(f"{path}: {older(strategy)}")
         return RunSummary.from_json(data)
     except FileNotFoundError:
         raise UserError(
@@ -441,6 +440,10 @@ def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:
     path = results / strategy / HISTORY
     try:
         with path.open(newline="") as f:
+            columns = set(f.readline().strip().split(","))
+            f.seek(0)
+            if "epoch" in columns and columns < set(HISTORY_COLUMNS):  # ours, some missing
+                raise UserError(f"{path}: {older(strategy)}")
             rows = [
                 EpochRow.from_record(
                     {k: int(v) if k == "epoch" else _number(k, v) for k, v in row.items()}
@@ -464,6 +467,28 @@ def read_history(strategy: str, results: Path = RESULTS) -> list[EpochRow]:
 # What rewrites a strategy's results/: its train stage, which rewrites them from a finished
 # checkpoint without training again (or retrains where there is none).
 RERUN = "run `python -m pipeline.train {strategy}` (or dvc repro train@{strategy}) to rewrite it"
+OLDER = "written by an older parallel-lab"
+
+
+def older(strategy: str) -> str:
+    """The line a file of an older format gets instead of a reader kept for it (issue 70).
+    `--force` is dvc repro's (the project's commands have none): it reruns the stage, having
+    removed the stage's outputs."""
+    return f"{OLDER}: rerun with --force (dvc repro --force train@{strategy})"
+
+
+# every key a checkpoint record of this code holds (checkpoint_policy.py, checkpoint.py `save`)
+RECORD_KEYS = {"fingerprint", "epoch", "step", "directory", "world_size", "history", "run_id"}
+RECORD_KEYS |= {"identity", "notes", "decided", "wall_seconds", "epoch_seconds"}
+
+
+def is_older(record: dict[str, Any]) -> bool:
+    """A sound record (`read_checkpoint_record`) without a key, or an epoch without a column,
+    that this code writes: an older parallel-lab's."""
+    columns = set(HISTORY_COLUMNS)
+    return not RECORD_KEYS <= record.keys() or any(
+        not columns <= r.keys() for r in record["history"]
+    )
 
 
 def read_checkpoint_record(directory: Path) -> dict[str, Any] | None:
@@ -491,13 +516,14 @@ def _record_problem(record: Any) -> str | None:
     """What makes a checkpoint record unusable, in words; None when it is sound."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, expected an object"
+    # a key absent here is a record of an older parallel-lab's where it is read (`is_older`)
     for key, low in (("epoch", 0), ("step", 0), ("world_size", 1)):
-        value = record.get(key, low)  # world_size: not in records of an earlier layout
+        value = record.get(key, low)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             return f"{key}: got {value!r}, expected an integer >= {low}"
     if not isinstance(record.get("fingerprint"), str):
         return f"fingerprint: got {record.get('fingerprint')!r}, expected a string"
-    name = record.get("directory", "e0-s0")  # likewise
+    name = record.get("directory", "e0-s0")
     if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
         return f"directory: got {name!r}, expected a checkpoint directory's name"
     history = record.get("history")

@@ -70,11 +70,10 @@ from pipeline.checkpoints.checkpoint_files import (
     dcp_failure,
     read_metadata,
     read_rank_state,
-    start_over,
 )
 from pipeline.errors import UserError, disk_full, out_of_space
 from pipeline.files import atomic_write
-from pipeline.results import CHECKPOINT_RECORD, read_checkpoint_record
+from pipeline.results import CHECKPOINT_RECORD, OLDER, is_older, read_checkpoint_record
 
 MODEL, OPTIMIZER = "model", "optimizer"  # the two sections of the DCP state
 # Optimizer state keyed by parameter name ("state.<name>.momentum_buffer",
@@ -181,7 +180,7 @@ class Checkpointer:
         """The directory of the checkpoint at `pos`: the committed one's, if it is at `pos`."""
         record = self._committed()
         if record is not None and (record["epoch"], record["step"]) == (pos.epoch, pos.step):
-            name: str = record.get("directory", STEP_DIR.format(**record))
+            name: str = record["directory"]
             return self.directory / name
         return self.directory / STEP_DIR.format(epoch=pos.epoch, step=pos.step)
 
@@ -218,7 +217,12 @@ class Checkpointer:
                 f"checkpoint.resume_from: {directory} holds no checkpoint "
                 "(no latest.json); expected a checkpoints/<strategy> directory"
             )
-        saved_by = (found[1].get("identity") or {}).get("strategy", strategy)
+        if is_older(found[1]):  # another machine's older copy: nothing to resume it with
+            raise UserError(
+                f"checkpoint.resume_from: {directory / CHECKPOINT_RECORD}: {OLDER}; expected a "
+                "checkpoint of this one (or checkpoint.resume_from=null to train from scratch)"
+            )
+        saved_by = found[1]["identity"]["strategy"]
         if saved_by != strategy:
             raise UserError(
                 f"checkpoint.resume_from: {directory} was saved by strategy {saved_by!r}, "
@@ -270,17 +274,14 @@ class Checkpointer:
 
     def saved_world_size(self) -> int:
         """How many processes wrote the committed checkpoint."""
-        return int((self._committed() or {}).get("world_size", self.world_size))
+        record = self._committed()
+        assert record is not None  # only a resume asks, of the checkpoint it found
+        return int(record["world_size"])
 
     def load(self, pos: Position, rank: int | None = None) -> dict[str, Any]:
         """A rank's own state (RNG, partial totals, scaler) of the checkpoint at `pos`: this
         rank's, or, where the checkpoint was saved by fewer processes, rank 0's."""
         step_dir = self.step_dir(pos)
-        if "directory" not in (self._committed() or {}):
-            raise UserError(
-                f"{self.record_path}: a checkpoint of an earlier layout (one file per rank, "
-                f"no torch.distributed.checkpoint directory); {start_over(self.directory)}"
-            )
         if rank is None:
             rank = self.rank if self.rank < self.saved_world_size() else 0
         return read_rank_state(step_dir / f"rank{rank}.pt", self.directory, self.record_path)
@@ -353,7 +354,8 @@ class Checkpointer:
 
     def _remove_all_but(self, keep: Path) -> None:
         """Every other checkpoint: the one replaced, those of saves that never committed, and
-        files of the earlier one-file-per-rank layout."""
+        files of the earlier one-file-per-rank layout (a run trains from scratch over an older
+        parallel-lab's checkpoints, never reading them: none is left behind)."""
         for path in self.directory.iterdir():
             if path == keep:
                 continue

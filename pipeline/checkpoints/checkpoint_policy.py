@@ -46,8 +46,8 @@ class Progress:
     wall_seconds: float = 0.0
     # The position's epoch's training seconds before `position.step` (its steps 0..step-1,
     # in the processes that ran them, device synchronised): the resumed epoch's seconds start
-    # from them. None: a checkpoint written before they were recorded.
-    epoch_seconds: Optional[float] = 0.0
+    # from them.
+    epoch_seconds: float = 0.0
 
 
 class CheckpointPolicy:
@@ -123,7 +123,8 @@ class CheckpointPolicy:
             scaler.load_state_dict(state["grad_scaler"])  # fp16: the loss scale it reached
         saved_by = source.saved_world_size()
         resharded = ""
-        notes = list(record.get("notes", []))
+        # the record is this code's: its own run's, or resume_from's, which refuses an older one
+        notes = list(record["notes"])
         if saved_by != self.ctx.world_size:
             # another world size: checkpoint.resume_from, or a strategy that computes the same
             # at any world size
@@ -144,25 +145,14 @@ class CheckpointPolicy:
                 f"resuming at epoch {position.epoch + 1} step {position.step} from "
                 f"{source.directory}{resharded}"
             )
-        history = [EpochRow.from_record(r) for r in record["history"]]
-        # a record from before the clock was kept: the last finished epoch's wall time, and
-        # no seconds for the steps of the position's epoch before it (none at its start)
-        epoch_seconds = record.get("epoch_seconds", None if position.step else 0.0)
-        if epoch_seconds is None:
-            e, k = position.epoch + 1, position.step
-            notes.append(
-                f"resumed at epoch {e} step {k} from a checkpoint that did not record the time "
-                f"trained before it: epoch {e}'s seconds and samples/s count steps {k}.. only, "
-                "and the wall times leave out the time before the stop"
-            )
         return Progress(
             position,
-            history,
+            [EpochRow.from_record(r) for r in record["history"]],
             Totals(state["train_totals"].to(device)),  # checkpoint_files.py checked it
             notes,
-            record.get("decided"),
-            record.get("wall_seconds", history[-1].wall_seconds if history else 0.0),
-            epoch_seconds,
+            record["decided"],
+            record["wall_seconds"],
+            record["epoch_seconds"],
         )
 
     def save(

@@ -25,6 +25,8 @@ from pipeline.results import (
     RUN_RECORD,
     SUMMARY,
     EpochRow,
+    is_older,
+    older,
     read_checkpoint_record,
     read_summary,
 )
@@ -64,6 +66,8 @@ def publish_strategy(
         # the launcher settling a run that died before its first checkpoint, beside an older
         # run's: its status alone, none of the older run's epochs, or it would stay RUNNING
         latest = None
+    if latest is not None and is_older(latest):  # its epochs, in a format no reader is kept for
+        raise UserError(f"{latest_path}: {older(name)}")
     history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
     # a run that did not fit (did_not_fit.py) has no summary of figures: it ended FAILED
     summary = (

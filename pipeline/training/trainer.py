@@ -95,19 +95,18 @@ class Trainer:
                 # this process's first epoch (fresh or resumed) pays the start's one-off work
                 warmup = epoch == progress.position.epoch
                 first_step = progress.position.step if warmup else 0
-                # the epoch's seconds before this process: its steps 0..first_step-1 (None:
-                # a checkpoint that did not record them)
+                # the epoch's seconds before this process: its steps 0..first_step-1
                 before = progress.epoch_seconds if warmup else 0.0
                 meter.started()
                 stopped_at = self.train_epoch(epoch, first_step, progress.totals)
-                seconds = meter.trained() + (before or 0.0)
+                seconds = meter.trained() + before
                 if self.live is not None:
                     self.live.end()  # outside the epoch's time
                 if stopped_at is not None:
-                    self.stopped(session, Position(epoch, stopped_at), meter, before, seconds)
+                    self.stopped(session, Position(epoch, stopped_at), meter, seconds)
                     ok = True
                     return None
-                row = self.epoch_row(session, epoch, first_step, seconds, before, meter)
+                row = self.epoch_row(session, epoch, first_step, seconds, meter)
                 progress.history.append(row)  # before the save: the checkpoint holds it
                 progress.wall_seconds, progress.epoch_seconds = row.wall_seconds, 0.0
                 if policy.due(epoch + 1):
@@ -231,7 +230,6 @@ class Trainer:
         epoch: int,
         first_step: int,
         seconds: float,
-        before: float | None,
         meter: Meter,
     ) -> EpochRow:
         """The finished epoch's row: the training totals, the evaluation, and what the meter
@@ -243,9 +241,6 @@ class Trainer:
         test = self.evaluate(session.data, spec.train.eval_batch_size)
         test_loss, test_acc = test.reduced(self.ctx)
         metrics, core_wait = meter.gathered()
-        # a checkpoint that did not record the seconds of steps 0..first_step-1 leaves
-        # steps first_step.. (and their samples) to count
-        counted_from = first_step if before is None else 0
         return EpochRow(
             epoch + 1,
             train_loss,
@@ -253,7 +248,7 @@ class Trainer:
             test_loss,
             test_acc,
             seconds,
-            samples_per_s=self.training.plan.samples_from(counted_from) / seconds,
+            samples_per_s=self.training.plan.samples_from(0) / seconds,
             wall_seconds=meter.wall_seconds(),
             ended_at=time.time(),
             warmup=epoch == progress.position.epoch,
@@ -262,14 +257,12 @@ class Trainer:
             memory=metrics,
         )
 
-    def stopped(
-        self, session: Session, at: Position, meter: Meter, before: float | None, seconds: float
-    ) -> None:
+    def stopped(self, session: Session, at: Position, meter: Meter, seconds: float) -> None:
         """A SIGTERM stopped the epoch before step `at.step`: checkpoint there, with the time
         trained until the stop for the resume to go on from."""
         progress, recorder = session.progress, session.recorder
         progress.wall_seconds = meter.wall_seconds()
-        progress.epoch_seconds = None if before is None else seconds
+        progress.epoch_seconds = seconds
         session.policy.save(at, progress, self.training, recorder.tracker.run_id, self.hooks)
         recorder.say(
             f"SIGTERM: checkpointed at epoch {at.epoch + 1} step {at.step}; "

@@ -13,6 +13,7 @@ tests/unit/test_damaged_files.py.)
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -104,3 +105,46 @@ def test_a_damaged_file_is_refused_with_its_fix(trained, command, name, damage, 
     fix = FIXES.get(name, "rm -r checkpoints/ddp")
     assert all(word in line for word in words) and fix in line, line
     assert mlflow_runs(trained) == runs  # none added, none left RUNNING (it was FINISHED)
+
+
+def without(key: str) -> Callable[[bytes], bytes]:
+    """A JSON file as an older parallel-lab wrote it: without `key`, which it did not write."""
+
+    def damage(data: bytes) -> bytes:
+        content = json.loads(data)
+        del content[key]
+        return json.dumps(content).encode()
+
+    damage.__name__ = f"without_{key}"
+    return damage
+
+
+def without_core_wait(data: bytes) -> bytes:
+    """history.csv as a parallel-lab before core_wait was measured wrote it."""
+    lines = data.decode().splitlines()
+    cut = lines[0].split(",").index("core_wait")
+    kept = [",".join(c for i, c in enumerate(line.split(",")) if i != cut) for line in lines]
+    return ("\n".join(kept) + "\n").encode()
+
+
+OLDER = "written by an older parallel-lab: rerun with --force (dvc repro --force train@ddp)"
+OLDER_CASES = [
+    ("compare", "results/ddp/summary.json", without("steady_basis")),
+    ("compare", "results/ddp/history.csv", without_core_wait),
+    ("publish", "checkpoints/ddp/latest.json", without("epoch_seconds")),
+]
+
+
+@pytest.mark.parametrize(
+    "command, name, damage",
+    OLDER_CASES,
+    ids=[f"{c}-{n.rsplit('/', 1)[-1]}-{d.__name__}" for c, n, d in OLDER_CASES],
+)
+def test_a_file_of_an_older_format_gets_one_line(trained, command, name, damage):
+    """Issue 70 goal 6: no reader is kept for an older parallel-lab's files; the command that
+    reads one says so in one line and leaves everything as it was."""
+    runs = mlflow_runs(trained)
+    with damaged(trained, name, damage):
+        line = refused(trained, f"pipeline.{command}")
+    assert line == f"error: {name}: {OLDER}"
+    assert mlflow_runs(trained) == runs

@@ -28,8 +28,18 @@ from pipeline.data.fashion_mnist import (
 )
 from pipeline.data.loaders import Feed, make_batches
 from pipeline.errors import UserError
-from pipeline.results import read_checkpoint_record
+from pipeline.results import (
+    HISTORY,
+    SUMMARY,
+    EpochRow,
+    history_csv,
+    read_checkpoint_record,
+    read_history,
+    read_summary,
+)
+from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import new_record, read_record
+from support import run_summary
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -270,3 +280,78 @@ def test_damaged_raw_files_of_the_dataloader(tmp_path, raw_dataset, damage):
         return make_batches(data, cfg.data, 0, Feed(plan, 0, torch.float32, False, CPU), raw)
 
     refusal(build, f"{raw}/: not the fetched Fashion-MNIST files", "dvc repro fetch")
+
+
+# A file of an earlier format than this code writes (issue 70 goal 6): one line, instead of a
+# reader kept for it. `--force` is dvc repro's (the project's commands have none); a
+# checkpoint a run of this code resumes is always its own code's (identity.py).
+OLDER_LINE = "written by an older parallel-lab: rerun with --force (dvc repro --force train@ddp)"
+
+
+def current_record(**changes):
+    """latest.json as this code writes it (checkpoint_policy.py and checkpoint.py `save`)."""
+    row = EpochRow(1, 1.0, 0.5, 1.0, 0.5, 1.0, 64.0, 1.0, 1.0, True, 0, core_wait=0.1)
+    record = {
+        **{"fingerprint": "k", "epoch": 1, "step": 0, "directory": "e1-s0", "world_size": 1},
+        **{"history": [row.to_record()], "run_id": None, "identity": {"strategy": "ddp"}},
+        **{"notes": [], "decided": None, "wall_seconds": 1.0, "epoch_seconds": 0.0},
+    }
+    return {**record, **changes}
+
+
+def test_summary_of_an_older_format_is_refused(tmp_path):
+    summary = run_summary("ddp", ["cpu"], 1.0, 0.5, {}).to_json()
+    del summary["steady_basis"]  # what summaries before it held no field for
+    path = tmp_path / "ddp" / SUMMARY
+    path.parent.mkdir()
+    path.write_text(json.dumps(summary))
+    message = refusal(lambda: read_summary("ddp", tmp_path))
+    assert message == f"{path}: {OLDER_LINE}"
+
+
+def test_history_of_an_older_format_is_refused(tmp_path):
+    row = EpochRow(1, 1.0, 0.5, 1.0, 0.5, 1.0, 64.0, 1.0)
+    lines = history_csv([row]).splitlines()
+    cut = lines[0].split(",").index("core_wait")  # a column histories before it lacked
+    path = tmp_path / "ddp" / HISTORY
+    path.parent.mkdir()
+    path.write_text(
+        "\n".join(",".join(c for i, c in enumerate(line.split(",")) if i != cut) for line in lines)
+        + "\n"
+    )
+    message = refusal(lambda: read_history("ddp", tmp_path))
+    assert message == f"{path}: {OLDER_LINE}"
+
+
+@pytest.mark.parametrize("missing", ["epoch_seconds", "identity", "core_wait"])
+def test_resume_from_a_checkpoint_of_an_older_format_is_refused(tmp_path, missing):
+    record = current_record()
+    (record if missing in record else record["history"][0]).pop(missing)
+    (tmp_path / "latest.json").write_text(json.dumps(record))
+    message = refusal(lambda: Checkpointer.foreign(tmp_path, 0, 1, "ddp"))
+    assert message == (
+        f"checkpoint.resume_from: {tmp_path / 'latest.json'}: written by an older "
+        "parallel-lab; expected a checkpoint of this one (or checkpoint.resume_from=null to "
+        "train from scratch)"
+    )
+    record = current_record()
+    (tmp_path / "latest.json").write_text(json.dumps(record))
+    assert Checkpointer.foreign(tmp_path, 0, 1, "ddp").key == "k"  # this code's: taken
+
+
+def test_publish_of_a_run_of_an_older_format_is_refused(tmp_path, monkeypatch):
+    """Its epochs are not pushed in a format no reader is kept for, and nothing is touched,
+    MLflow included."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'never.db'}")
+    checkpoints = tmp_path / "checkpoints" / "ddp"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "run.json").write_text(run_record())
+    record = current_record()
+    del record["wall_seconds"]
+    (checkpoints / "latest.json").write_text(json.dumps(record))
+    kept = {p: p.read_bytes() for p in checkpoints.iterdir()}
+    message = refusal(lambda: publish_strategy("ddp"))
+    assert message == f"checkpoints/ddp/latest.json: {OLDER_LINE}"
+    assert {p: p.read_bytes() for p in checkpoints.iterdir()} == kept
+    assert not (tmp_path / "never.db").exists()

@@ -225,8 +225,7 @@ def test_devices_of_several_nodes_keep_their_node():
 
 def test_device_metrics_are_named_like_mlflows_system_metrics():
     """One scheme, MLflow's own ("system/gpu_3_memory_usage_megabytes"): a group, then the
-    device as gpu_<physical id>; a checkpoint's epochs recorded under the names before it
-    ("gpu3/peak_allocated_mib") still read as the same devices on a resume."""
+    device as gpu_<physical id>."""
     assert results.device_metric("gpu_3", "", "allocated") == "memory/gpu_3_peak_allocated_mib"
     assert results.device_metric("node1_gpu_3", "eval_", "reserved") == (
         "memory/node1_gpu_3_eval_peak_reserved_mib"
@@ -235,18 +234,10 @@ def test_device_metrics_are_named_like_mlflows_system_metrics():
         ("memory/gpu_3_peak_allocated_mib", ("gpu_3", "", "allocated")),
         ("memory/node1_gpu_12_eval_peak_reserved_mib", ("node1_gpu_12", "eval_", "reserved")),
         ("memory/cpu_0_peak_rss_mib", ("cpu_0", "", "rss")),
-        ("gpu3/eval_peak_allocated_mib", ("gpu_3", "eval_", "allocated")),  # before
-        ("node1.gpu0/peak_reserved_mib", ("node1_gpu_0", "", "reserved")),  # before
         ("mem_imbalance", None),
         ("system/gpu_3_memory_usage_megabytes", None),
     ]:
         assert results.parse_device_metric(key) == parsed, key
-    old = {"gpu3/peak_allocated_mib": 500.0, "gpu3/peak_reserved_mib": 600.0}
-    new = memory.epoch_metrics([DevicePeak("gpu_3", 400.0, 700.0)])
-    summary = memory.run_summary([old, new])  # a resume across the rename: one device
-    assert summary["peak_memory_mib"] == {"gpu_3": 500.0}
-    assert summary["peak_reserved_mib"] == {"gpu_3": 700.0}
-    assert summary["peak_memory_spread_mib"] == 100.0  # training's allocated, not reserved
 
 
 def test_shared_tags_say_where_runs_disagree_and_leave_out_what_none_has():

@@ -3,8 +3,6 @@
 model/optimizer state that comes back exactly (tests/e2e/test_sharded_checkpoints.py runs
 them under torchrun)."""
 
-import json
-
 import pytest
 import torch
 from torch import nn
@@ -96,13 +94,3 @@ def test_a_checkpoint_of_another_width_is_refused_in_one_line(tmp_path):
     other, other_optimizer = model_and_optimizer(width=4)
     with pytest.raises(UserError, match=r"0.weight has shape \(8, 1, 3, 3\).*model.width"):
         ckpt.load_sharded(Position(1, 0), other, other_optimizer)
-
-
-def test_a_checkpoint_of_the_earlier_layout_is_refused(tmp_path):
-    (tmp_path / "latest.json").write_text(
-        json.dumps({"fingerprint": "k", "epoch": 1, "step": 0, "history": []})
-    )
-    (tmp_path / "rank0-e1-s0.pt").write_bytes(b"")
-    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, writer=True, key="k")
-    with pytest.raises(UserError, match="earlier layout"):
-        ckpt.load(ckpt.latest()[0])
