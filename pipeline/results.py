@@ -530,7 +530,11 @@ def _record_problem(record: Any) -> str | None:
     if not isinstance(history, list):
         return f"history: got {history!r:.40}, expected a list of epochs"
     for row in history:
-        numbers = isinstance(row, dict) and all(isinstance(v, (int, float)) for v in row.values())
+        # numbers, but where a column may be unmeasured (EpochRow.core_wait: null)
+        numbers = isinstance(row, dict) and all(
+            isinstance(v, (int, float)) or (v is None and k in OPTIONAL_COLUMNS)
+            for k, v in row.items()
+        )
         try:
             EpochRow.from_record(row if numbers else {})
         except TypeError:

@@ -355,3 +355,12 @@ def test_publish_of_a_run_of_an_older_format_is_refused(tmp_path, monkeypatch):
     assert message == f"checkpoints/ddp/latest.json: {OLDER_LINE}"
     assert {p: p.read_bytes() for p in checkpoints.iterdir()} == kept
     assert not (tmp_path / "never.db").exists()
+
+
+def test_a_record_of_a_run_whose_core_wait_was_not_measured_reads(tmp_path):
+    """Where the kernel does not count it, an epoch's core_wait is null in the record this
+    code writes: sound, not a corrupt record (it was refused as one)."""
+    record = current_record()
+    record["history"][0]["core_wait"] = None
+    (tmp_path / "latest.json").write_text(json.dumps(record))
+    assert read_checkpoint_record(tmp_path) == record
