@@ -30,7 +30,7 @@ import yaml
 from pipeline.cli import exit_code, parse_args
 from pipeline.config import Config, config_from, launch_free, read_params, to_yaml
 from pipeline.errors import exit_on_user_error
-from pipeline.launch import slurm
+from pipeline.launch import horovod_run, slurm
 from pipeline.results import CHECKPOINTS, RUN_RECORD
 from pipeline.strategies import NAMES, check_strategy, own_params
 from pipeline.timeline import mark
@@ -68,6 +68,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         from pipeline.launch import worker
 
         worker.entry(args.strategy, None, args.overrides)
+        return
+    if horovod_run.under_horovodrun(os.environ) and not under_torchrun(os.environ):
+        # one of horovodrun's workers (the horovod strategy's): its group from horovodrun's
+        # variables, read once here as torchrun's; the launcher's config from its file
+        os.environ.update(horovod_run.torchrun_env(os.environ))
+        from pipeline.launch import worker
+
+        worker.entry(args.strategy, None, [], os.environ[horovod_run.WORKER_PARAMS_ENV])
         return
     if under_torchrun(os.environ):
         from pipeline.launch import worker

@@ -24,6 +24,7 @@ NAMES = (
     "dp",
     "balanced_dp",
     "ddp",
+    "horovod",  # opt-in: not in params.yaml's `strategies` (docs/horovod.md)
     "fsdp",
     "pipeline_parallel",
     "channel_parallel",

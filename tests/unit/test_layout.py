@@ -207,8 +207,14 @@ def test_an_edit_to_a_strategys_module_re_runs_the_stages_that_import_it():
     }
     assert users == {
         "pipeline/strategies/fsdp.py": ["fsdp"],
-        # ddp's and fsdp's sync_bn; the mesh's BatchNorm over its data ranks
-        "pipeline/strategies/sync_batchnorm.py": ["channel_parallel", "ddp", "fsdp", "hybrid"],
+        # ddp's, fsdp's and horovod's sync_bn; the mesh's BatchNorm over its data ranks
+        "pipeline/strategies/sync_batchnorm.py": [
+            "channel_parallel",
+            "ddp",
+            "fsdp",
+            "horovod",
+            "hybrid",
+        ],
         "pipeline/strategies/dp.py": ["balanced_dp", "dp"],  # balanced_dp imports its notes
         "pipeline/strategies/gpu0_autotune.py": ["balanced_dp"],
         "pipeline/strategies/base.py": sorted(strategies.NAMES),
