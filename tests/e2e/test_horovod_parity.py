@@ -1,0 +1,83 @@
+"""The opt-in `horovod` strategy trains the same model as `single` (CPU, real horovodrun runs
+via the CLI, 2 processes over Gloo), as tests/e2e/test_parity.py checks the others: in fp64,
+from the same seed and global batch, 10 optimizer steps, with gradient accumulation (Horovod's
+`backward_passes_per_step`) and without, synchronised BatchNorm on. Skipped where Horovod is
+not installed (`make install HOROVOD=1` builds it: docs/horovod.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from support import make_project, run, tiny_params, train_in_one_process
+
+
+def horovod_missing() -> str | None:
+    """Why the test cannot run here, or None: horovod.torch must import (its build's
+    extension loads against this torch)."""
+    if importlib.util.find_spec("horovod") is None:
+        return "Horovod is not installed (make install HOROVOD=1 builds it: docs/horovod.md)"
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as err:
+        return f"horovod.torch does not import here: {err}"
+    return None
+
+
+pytestmark = pytest.mark.skipif(horovod_missing() is not None, reason=str(horovod_missing()))
+
+FP64 = [
+    "seed=0",
+    "model.width=8",
+    "data.limit_train=320",
+    "train.batch_size=32",
+    "train.epochs=1",
+    "train.precision=fp64",
+    "horovod.nproc=2",
+    "horovod.sync_bn=true",
+]
+ACCUM2 = [*FP64, "train.grad_accum=2"]
+RUNS = [
+    ("single", "single", FP64),
+    ("horovod", "horovod", FP64),
+    ("single_accum2", "single", ACCUM2),
+    ("horovod_accum2", "horovod", ACCUM2),
+]
+FP64_BOUND = 1e-9  # tests/e2e/test_parity.py's
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, http_mirror) -> dict[str, tuple[dict, dict]]:
+    project = make_project(tmp_path_factory.mktemp("horovod") / "p", tiny_params(http_mirror))
+    run(project, "python", "-m", "pipeline.fetch")
+    kept = train_in_one_process(project, RUNS, OMP_NUM_THREADS="1")
+    return {
+        label: (
+            torch.load(kept / label / "model.pt"),
+            json.loads((kept / label / "summary.json").read_text()),
+        )
+        for label, _, _ in RUNS
+    }
+
+
+def max_abs_diff(reference: dict, other: dict) -> float:
+    assert list(other) == list(reference), "state_dict keys differ from the plain model's"
+    return max((other[k].double() - reference[k].double()).abs().max().item() for k in reference)
+
+
+@pytest.mark.parametrize(
+    "single, horovod", [("single", "horovod"), ("single_accum2", "horovod_accum2")]
+)
+def test_horovod_in_fp64_matches_single(trained, single, horovod):
+    diff = max_abs_diff(trained[single][0], trained[horovod][0])
+    print(f"{horovod}: max |param/buffer - single| = {diff:.3g}")
+    assert diff < FP64_BOUND
+
+
+def test_horovod_ran_two_processes(trained):
+    summary = trained["horovod"][1]
+    assert summary["strategy"] == "horovod"
+    assert summary["world_size"] == 2 and summary["devices"] == ["cpu", "cpu"]
