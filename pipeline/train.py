@@ -61,14 +61,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     check_strategy(args.strategy)  # the one check of the name in this process
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
-    if not under_torchrun(os.environ) and slurm.one_task_per_process(os.environ):
-        # srun's task per process (note 001): a worker, its group from SLURM's variables,
-        # read once here as torchrun's (launch/slurm.py); nothing below reads SLURM_*
-        os.environ.update(slurm.torchrun_env(os.environ))
-        from pipeline.launch import worker
-
-        worker.entry(args.strategy, None, args.overrides)
-        return
     if horovod_run.under_horovodrun(os.environ) and not under_torchrun(os.environ):
         # one of horovodrun's workers (the horovod strategy's): its group from horovodrun's
         # variables, read once here as torchrun's; the launcher's config from its file
@@ -76,6 +68,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         from pipeline.launch import worker
 
         worker.entry(args.strategy, None, [], os.environ[horovod_run.WORKER_PARAMS_ENV])
+        return
+    if not under_torchrun(os.environ) and slurm.one_task_per_process(os.environ):
+        # srun's task per process (note 001): a worker, its group from SLURM's variables,
+        # read once here as torchrun's (launch/slurm.py); nothing below reads SLURM_*
+        os.environ.update(slurm.torchrun_env(os.environ))
+        from pipeline.launch import worker
+
+        worker.entry(args.strategy, None, args.overrides)
         return
     if under_torchrun(os.environ):
         from pipeline.launch import worker

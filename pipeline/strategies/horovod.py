@@ -16,6 +16,7 @@ opens for every strategy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -140,7 +141,9 @@ def parallelize(
         release=hvd.shutdown,  # its background thread joined before the process groups go
     )
 
-    def at_start(loop: LoopForward, kept: Optional[Decided], say: Any) -> tuple[Run, Decided]:
+    def at_start(
+        loop: LoopForward, kept: Optional[Decided], say: Callable[[str], None]
+    ) -> tuple[Run, Decided]:
         """Horovod's broadcasts, after the checkpoint's restore (checkpoint_policy.py): the
         ranks start from rank 0's parameters and, where it has any, optimizer state. A fresh
         SGD has none, and Horovod's broadcast_optimizer_state would then make it some by a

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from support import REPO, make_project, refused, tiny_params
 
@@ -49,4 +50,41 @@ def test_the_build_without_cmake_or_a_compiler_says_what_to_install(tmp_path):
     assert proc.stderr.splitlines() == [
         "error: building Horovod needs cmake, c++, not found on PATH "
         "(Debian/Ubuntu: apt-get install cmake g++)"
+    ]
+
+
+def test_horovodruns_variables_are_read_as_torchruns():
+    from pipeline.context import DistContext
+    from pipeline.launch.horovod_run import torchrun_env, under_horovodrun
+
+    env = {
+        "HOROVOD_RANK": "1",
+        "HOROVOD_SIZE": "2",
+        "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_CROSS_RANK": "0",
+        "HOROVOD_CROSS_SIZE": "1",
+    }
+    assert under_horovodrun(env) and not under_horovodrun({"RANK": "1", "WORLD_SIZE": "2"})
+    ctx = DistContext.from_env({**torchrun_env(env), "CUDA_VISIBLE_DEVICES": ""})
+    assert (ctx.rank, ctx.local_rank, ctx.world_size, ctx.node, ctx.nodes) == (1, 1, 2, 0, 1)
+
+
+def test_the_launch_is_horovodrun_with_gloo_on_this_host():
+    from pipeline.launch.horovod_run import command
+
+    cmd = command("horovod", 3)
+    assert cmd[0] == str(Path(sys.executable).with_name("horovodrun"))
+    assert cmd[1:] == [
+        "-np",
+        "3",
+        "-H",
+        "localhost:3",
+        "--gloo",
+        "--network-interfaces",
+        "lo",
+        sys.executable,
+        "-m",
+        "pipeline.train",
+        "horovod",
     ]
