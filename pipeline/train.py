@@ -32,7 +32,7 @@ from pipeline.config import Config, config_from, launch_free, read_params, to_ya
 from pipeline.errors import exit_on_user_error
 from pipeline.launch import horovod_run, slurm
 from pipeline.results import CHECKPOINTS, RUN_RECORD
-from pipeline.strategies import NAMES, check_strategy, own_params
+from pipeline.strategies import KNOWN, check_strategy, own_params
 from pipeline.timeline import mark
 from pipeline.tracking.relay import PUBLISHER_SLACK_S, Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
@@ -57,7 +57,7 @@ def strategy_config(cfg: Config, strategy: str) -> str:
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
     mark("command")
-    args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES, params_help=True)
+    args = parse_args("pipeline.train", __doc__, argv, strategy_names=KNOWN, params_help=True)
     check_strategy(args.strategy)  # the one check of the name in this process
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
