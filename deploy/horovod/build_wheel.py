@@ -213,9 +213,10 @@ def install(python: str, wheel: Path) -> None:
     command = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall"]
     if subprocess.run([*command, str(wheel)]).returncode != 0:
         raise BuildError(f"pip could not install {wheel}")
-    check = [python, "-c", "import horovod.torch as hvd; print(hvd.__version__)"]
-    if subprocess.run(check, capture_output=True).returncode != 0:
-        raise BuildError(f"{wheel} installed, but `import horovod.torch` fails in {python}")
+    check = subprocess.run([python, "-c", "import horovod.torch"], capture_output=True, text=True)
+    if check.returncode != 0:
+        why = (check.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BuildError(f"{wheel} installed, but `import horovod.torch` fails: {why}")
     print(f"horovod: {VERSION} installed from {wheel}", flush=True)
 
 
