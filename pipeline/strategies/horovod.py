@@ -126,6 +126,17 @@ def parallelize(
             backward_passes_per_step=plan.grad_accum,
             op=hvd.Average,
         )
+        horovod_zero_grad = wrapped.zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            # Horovod 0.28.1's zero_grad takes no argument and clears as torch's default,
+            # set_to_none=True, does: what the loop asks (trainer.py), the one way it can
+            assert set_to_none, "Horovod's zero_grad only sets gradients to None"
+            horovod_zero_grad()
+
+        # an attribute of this one optimizer: Horovod's methods call super(self.__class__),
+        # which a subclass of its class would send round in a loop
+        wrapped.zero_grad = zero_grad  # type: ignore[method-assign]
         made.append(wrapped)
         return wrapped
 
