@@ -81,3 +81,18 @@ def test_horovod_ran_two_processes(trained):
     summary = trained["horovod"][1]
     assert summary["strategy"] == "horovod"
     assert summary["world_size"] == 2 and summary["devices"] == ["cpu", "cpu"]
+
+
+def test_a_quickstart_listing_horovod_reports_it_beside_ddp(fetched_project):
+    """`make quick` with horovod added to `strategies` (predict.gpus is empty in the tests'
+    params: the predict stage says none were asked for); the report has its row beside
+    ddp's, and its CSVs a column for it."""
+    project = fetched_project()
+    small = ["data.limit_train=512", "data.limit_test=128", "train.epochs=2", "train.batch_size=32"]
+    run(project, "python", "-m", "pipeline.quickstart", "strategies=[single,ddp,horovod]", *small)
+    summary = json.loads((project / "reports/summary.json").read_text())
+    assert all(list(figure) == ["single", "ddp", "horovod"] for figure in summary.values())
+    markdown = (project / "reports/summary.md").read_text()
+    assert "| ddp |" in markdown and "| horovod |" in markdown
+    header = (project / "reports/accuracy.csv").read_text().splitlines()[0]
+    assert header.endswith(",hybrid,horovod")
