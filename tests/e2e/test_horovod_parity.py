@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 import torch
@@ -40,11 +41,16 @@ FP64 = [
     "horovod.sync_bn=true",
 ]
 ACCUM2 = [*FP64, "train.grad_accum=2"]
+# SGD with state and weight decay: where Horovod's broadcast_optimizer_state, called on the
+# fresh optimizer, would have stepped it on zero gradients (the strategy does not call it then)
+MOMENTUM = ["train.momentum=0.9", "train.weight_decay=5e-4"]
 RUNS = [
     ("single", "single", FP64),
     ("horovod", "horovod", FP64),
     ("single_accum2", "single", ACCUM2),
     ("horovod_accum2", "horovod", ACCUM2),
+    ("single_momentum", "single", [*FP64, *MOMENTUM]),
+    ("horovod_momentum", "horovod", [*FP64, *MOMENTUM]),
 ]
 FP64_BOUND = 1e-9  # tests/e2e/test_parity.py's
 
@@ -69,7 +75,12 @@ def max_abs_diff(reference: dict, other: dict) -> float:
 
 
 @pytest.mark.parametrize(
-    "single, horovod", [("single", "horovod"), ("single_accum2", "horovod_accum2")]
+    "single, horovod",
+    [
+        ("single", "horovod"),
+        ("single_accum2", "horovod_accum2"),
+        ("single_momentum", "horovod_momentum"),
+    ],
 )
 def test_horovod_in_fp64_matches_single(trained, single, horovod):
     diff = max_abs_diff(trained[single][0], trained[horovod][0])
@@ -96,3 +107,21 @@ def test_a_quickstart_listing_horovod_reports_it_beside_ddp(fetched_project):
     assert "| ddp |" in markdown and "| horovod |" in markdown
     header = (project / "reports/accuracy.csv").read_text().splitlines()[0]
     assert header.endswith(",hybrid,horovod")
+
+
+def test_horovod_killed_mid_epoch_resumes_on_a_rerun_to_the_same_weights(fetched_project):
+    """horovodrun restarts nothing: a rank killed in epoch 2 ends the stage, and the stage run
+    again resumes from epoch 1's checkpoint, its momentum restored and broadcast from rank 0
+    (hvd.broadcast_optimizer_state), to the weights of the run never killed, bitwise."""
+    project = fetched_project()
+    args = ("python", "-m", "pipeline.train", "horovod", *MOMENTUM)
+    run(project, *args)
+    reference = torch.load(project / "results/horovod/model.pt")
+    for folder in ("results", "checkpoints"):
+        shutil.rmtree(project / folder)
+    killed = run(project, *args, check=False, PARALLEL_LAB_FAULT="rank=1,epoch=2,step=3")
+    assert killed.returncode != 0 and "fault: rank 1 killed" in killed.stdout, killed.stderr
+    run(project, *args)  # no fault: it resumes
+    resumed = torch.load(project / "results/horovod/model.pt")
+    assert list(resumed) == list(reference)
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
