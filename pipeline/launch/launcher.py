@@ -133,6 +133,12 @@ def validate(name: str, cfg: Config) -> Job:
     parse_faults(os.environ.get(FAULT_ENV))
     gpus = choose_devices(cfg.devices, os.environ)
     spec = resolve_run(cfg, name)  # as each worker resolves its own (run_spec.py)
+    if spec.facts.launched_by == "horovodrun" and cfg.checkpoint.max_restarts:
+        raise UserError(
+            f"checkpoint.max_restarts: got {cfg.checkpoint.max_restarts}, but {name}'s workers "
+            "are horovodrun's, which restarts none; expected 0 (run the stage again: it "
+            "resumes from its last checkpoint)"
+        )
     nproc = spec.strategy.nproc(spec.options, spec.plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
     check_job(spec.facts, topology, nproc, spec.plan, spec.options)

@@ -88,3 +88,12 @@ def test_the_launch_is_horovodrun_with_gloo_on_this_host():
         "pipeline.train",
         "horovod",
     ]
+
+
+def test_restarts_are_refused_for_horovodruns_workers(tmp_path, http_mirror):
+    project = make_project(tmp_path / "project", tiny_params(http_mirror))
+    line = refused(project, "pipeline.train", "horovod", "checkpoint.max_restarts=1")
+    assert line == (
+        "error: checkpoint.max_restarts: got 1, but horovod's workers are horovodrun's, which "
+        "restarts none; expected 0 (run the stage again: it resumes from its last checkpoint)"
+    )
