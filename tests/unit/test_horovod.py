@@ -97,3 +97,22 @@ def test_restarts_are_refused_for_horovodruns_workers(tmp_path, http_mirror):
         "error: checkpoint.max_restarts: got 1, but horovod's workers are horovodrun's, which "
         "restarts none; expected 0 (run the stage again: it resumes from its last checkpoint)"
     )
+
+
+def test_make_install_builds_horovod_only_when_asked():
+    def commands(*args: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
+        proc = subprocess.run(
+            ["make", "--no-print-directory", "-C", str(REPO), "-n", *args, "VENV=.venv"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    build = ".venv/bin/python deploy/horovod/build_wheel.py --install"
+    assert build in commands("install", "HOROVOD=1")
+    assert build in commands("horovod")
+    assert build not in commands("install")
