@@ -30,7 +30,7 @@ import re
 import sys
 from pathlib import Path
 
-from pipeline.strategies import NAMES
+from pipeline.strategies import KNOWN, NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "pipeline"
@@ -96,10 +96,10 @@ def closure(roots: set[str]) -> set[str]:
 def stage_modules() -> dict[str, tuple[str, set[str]]]:
     """directory of stage_code/ -> (the package its links mirror, the modules it links)."""
     stages = {stage: closure({command}) for stage, command in COMMANDS.items()}
-    clash = set(stages) & set(NAMES)
+    clash = set(stages) & set(KNOWN)
     if clash:
         raise SystemExit(f"a strategy may not be named after a stage: {sorted(clash)}")
-    own = {name: (PACKAGE, closure({f"{PACKAGE}.{name}"}) - stages["train"]) for name in NAMES}
+    own = {name: (PACKAGE, closure({f"{PACKAGE}.{name}"}) - stages["train"]) for name in KNOWN}
     return {**{stage: (PROJECT, mods) for stage, mods in stages.items()}, **own}
 
 

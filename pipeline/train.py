@@ -30,9 +30,9 @@ import yaml
 from pipeline.cli import exit_code, parse_args
 from pipeline.config import Config, config_from, launch_free, read_params, to_yaml
 from pipeline.errors import exit_on_user_error
-from pipeline.launch import slurm
+from pipeline.launch import horovod_run, slurm
 from pipeline.results import CHECKPOINTS, RUN_RECORD
-from pipeline.strategies import NAMES, check_strategy, own_params
+from pipeline.strategies import KNOWN, check_strategy, own_params
 from pipeline.timeline import mark
 from pipeline.tracking.relay import PUBLISHER_SLACK_S, Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
@@ -57,10 +57,18 @@ def strategy_config(cfg: Config, strategy: str) -> str:
 @exit_on_user_error
 def main(argv: Optional[list[str]] = None) -> None:
     mark("command")
-    args = parse_args("pipeline.train", __doc__, argv, strategy_names=NAMES, params_help=True)
+    args = parse_args("pipeline.train", __doc__, argv, strategy_names=KNOWN, params_help=True)
     check_strategy(args.strategy)  # the one check of the name in this process
     # torch and the training code are imported only now: they take seconds to load, which
     # --help, a mistyped strategy and a bad params key (checked first) need not wait for.
+    if horovod_run.under_horovodrun(os.environ) and not under_torchrun(os.environ):
+        # one of horovodrun's workers (the horovod strategy's): its group from horovodrun's
+        # variables, read once here as torchrun's; the launcher's config from its file
+        os.environ.update(horovod_run.torchrun_env(os.environ))
+        from pipeline.launch import worker
+
+        worker.entry(args.strategy, None, [], os.environ[horovod_run.WORKER_PARAMS_ENV])
+        return
     if not under_torchrun(os.environ) and slurm.one_task_per_process(os.environ):
         # srun's task per process (note 001): a worker, its group from SLURM's variables,
         # read once here as torchrun's (launch/slurm.py); nothing below reads SLURM_*

@@ -169,6 +169,18 @@ class DdpConfig:
 
 
 @dataclass
+class HorovodConfig:
+    """`horovod`: Horovod's DistributedOptimizer, one process per device, started by horovodrun
+    over Gloo. Opt-in: `make install HOROVOD=1` builds Horovod (docs/horovod.md), and the
+    strategy runs only where `strategies` lists it."""
+
+    nproc: int = field(default=2, metadata=_min(1))
+    """Processes on CPU (horovodrun -np; on GPUs it is one process per device in `devices`)."""
+    sync_bn: bool = True
+    """Convert BatchNorm to synchronised BatchNorm (statistics over the global batch)."""
+
+
+@dataclass
 class FsdpConfig:
     """`fsdp`: FSDP2 (torch.distributed.fsdp.fully_shard, not the FullyShardedDataParallel
     wrapper): parameters, gradients and optimizer state sharded over the ranks, one process per
@@ -387,6 +399,8 @@ class Config:
     """Options of the ddp strategy."""
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     """Options of the fsdp strategy."""
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    """Options of the horovod strategy (opt-in: docs/horovod.md)."""
     balanced_dp: BalancedDpConfig = field(default_factory=BalancedDpConfig)
     """Options of the balanced_dp strategy."""
     pipeline_parallel: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)

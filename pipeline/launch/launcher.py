@@ -33,7 +33,7 @@ import torch
 from pipeline import strategies
 from pipeline.batch_plan import BatchPlan
 from pipeline.checkpoints.identity import code_digests
-from pipeline.config import Config
+from pipeline.config import Config, to_yaml
 from pipeline.context import PLACEMENT_ENV
 from pipeline.core_wait import others_runnable, threads_per_process
 from pipeline.data.fashion_mnist import train_samples
@@ -51,7 +51,7 @@ from pipeline.errors import (
 )
 from pipeline.interrupts.faults import ENV as FAULT_ENV
 from pipeline.interrupts.faults import parse_faults
-from pipeline.launch import one_node_rendezvous, worker
+from pipeline.launch import horovod_run, one_node_rendezvous, worker
 from pipeline.launch.devices import (
     choose_devices,
     cuda_driver_initialised,
@@ -122,6 +122,7 @@ class Job(NamedTuple):
     plan: BatchPlan  # the batch as one process trains it
     limit_train: int | None  # data.limit_train: the training samples the run draws from
     max_restarts: int  # checkpoint.max_restarts
+    launched_by: str = "torchrun"  # or horovodrun (StrategyFacts.launched_by)
 
 
 def validate(name: str, cfg: Config) -> Job:
@@ -132,13 +133,28 @@ def validate(name: str, cfg: Config) -> Job:
     parse_faults(os.environ.get(FAULT_ENV))
     gpus = choose_devices(cfg.devices, os.environ)
     spec = resolve_run(cfg, name)  # as each worker resolves its own (run_spec.py)
+    if spec.facts.launched_by == "horovodrun" and cfg.checkpoint.max_restarts:
+        raise UserError(
+            f"checkpoint.max_restarts: got {cfg.checkpoint.max_restarts}, but {name}'s workers "
+            "are horovodrun's, which restarts none; expected 0 (run the stage again: it "
+            "resumes from its last checkpoint)"
+        )
     nproc = spec.strategy.nproc(spec.options, spec.plan, len(gpus))
     topology = resolve_topology(cfg.dist, os.environ, name)
     check_job(spec.facts, topology, nproc, spec.plan, spec.options)
     spec.dims(nproc * topology.min_nodes)  # the model's channels split over its shards
     check_rendezvous_port(topology)
     max_restarts = cfg.checkpoint.max_restarts
-    return Job(name, nproc, gpus, topology, spec.plan, spec.data.limit_train, max_restarts)
+    return Job(
+        name,
+        nproc,
+        gpus,
+        topology,
+        spec.plan,
+        spec.data.limit_train,
+        max_restarts,
+        spec.facts.launched_by,
+    )
 
 
 def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
@@ -178,8 +194,14 @@ def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
         before_the_workers(name, gpus, publisher)
         settings = launch_settings(job.nproc, job.max_restarts, job.topology)
         with torchrun_agent() as agent:
-            config = launch_config(settings, start, len(set(gpus)), Path(tmp))
-            elastic_launch(config, worker.entry)(name, worker_cfg)
+            if job.launched_by == "horovodrun":  # Horovod's ranks meet through its own
+                params = to_yaml(worker_cfg)
+                code, agent.signalled = horovod_run.run(name, job.nproc, params, Path(tmp))
+                if code:
+                    agent.code, agent.failure = code, f"horovodrun {exit_words(code)}"
+            else:
+                config = launch_config(settings, start, len(set(gpus)), Path(tmp))
+                elastic_launch(config, worker.entry)(name, worker_cfg)
         mark("workers ended")
         user_error = files.error.read_text().strip() if files.error.exists() else ""
         outcome = read_outcome(files.outcome)

@@ -57,14 +57,20 @@ GIL_SWITCH_S = 0.0005
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def entry(strategy: str, cfg: Config | None = None, overrides: list[str] | None = None) -> None:
+def entry(
+    strategy: str,
+    cfg: Config | None = None,
+    overrides: list[str] | None = None,
+    params: str = "params.yaml",
+) -> None:
     """A worker's whole life: its process group, the run built and trained, an orderly end.
     Started by the launcher's elastic agent (pipeline/launch/launcher.py), forked from it,
     `cfg` is what the launcher validated, and the process ends when this returns (a non-zero
     code as SystemExit) without the interpreter's shutdown (multiprocessing's children leave
     through os._exit). Started by `torchrun -m pipeline.train STRATEGY` by hand (`cfg`
     None), it reads params.yaml with `overrides` and its interpreter shuts down at the end
-    (`exit_cleanly`)."""
+    (`exit_cleanly`); so does one that horovodrun started, which reads `params`, the config
+    the launcher validated (launch/horovod_run.py)."""
     by_hand = cfg is None
     if not by_hand:
         # the agent's handlers (raise SignalException) came with the fork; until the run
@@ -84,7 +90,7 @@ def entry(strategy: str, cfg: Config | None = None, overrides: list[str] | None 
     with answer.of_run(strategy):
         # the Config is resolved here, once, into the run's spec: nothing below sees the rest
         if cfg is None:  # started by hand: params.yaml is read here
-            cfg = load_config("params.yaml", overrides or [])
+            cfg = load_config(params, overrides or [])
         ctx = DistContext.from_env()
         # the batch as this job trains it, checked before anything is built (as the launcher
         # checked it for every world size the job may have)

@@ -119,7 +119,7 @@ def build_training(
         train, facts.cuda_graphs, device, ctx.world_size, run.devices, prec.name
     )
     graph_notes = [*auto_notes, *graph_notes]
-    optimizer = make_optimizer(run.module.parameters(), train)
+    optimizer = run.distributed_optimizer(make_optimizer(run.module.parameters(), train))
     whole_step = GraphedStep(optimizer, device) if graphed else None  # its warm-up, then replays
 
     def prepare(module_forward: Optional[Forward]) -> tuple[Optional[Forward], list[str]]:

@@ -54,7 +54,7 @@ from pipeline.reporting.speed_noise import (
 )
 from pipeline.reporting.table import BASELINE, Row, features_text
 from pipeline.results import WARMUP_STANDS_IN, device_of
-from pipeline.strategies import NAMES
+from pipeline.strategies import KNOWN
 from pipeline.tracking.comparison_run import RECOMMENDED, Registration
 
 # The source notes' measurement (DataParallel on 2 GPUs against 1 GPU): shown beside what was
@@ -126,7 +126,7 @@ def tie_pick(tied: Sequence[Row]) -> str:
     devices, then the first in the registry's order (single, dp, ... : the simplest first).
     A difference within the noise is no reason to take more devices or a wrapper, and a rule
     that reads no figure picks the same strategy whichever of them the noise put ahead."""
-    first = min(tied, key=lambda r: (r["n_devices"], NAMES.index(r["strategy"])))
+    first = min(tied, key=lambda r: (r["n_devices"], KNOWN.index(r["strategy"])))
     return str(first["strategy"])
 
 

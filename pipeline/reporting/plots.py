@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from pipeline.files import atomic_write  # noqa: E402
 from pipeline.reporting.table import BASELINE, Row  # noqa: E402
 from pipeline.results import WARMUP_STANDS_IN, EpochRow  # noqa: E402
-from pipeline.strategies import NAMES  # noqa: E402
+from pipeline.strategies import KNOWN  # noqa: E402
 
 PLOTS = ("accuracy_vs_epoch.png", "accuracy_vs_time.png", "throughput.png", "memory.png")
 # device 0 near-black, the others light: no strategy colour, and GPU 0's excess stands out
@@ -36,7 +36,7 @@ def write_plots(
 def colours(names: list[str]) -> dict[str, str]:
     """One colour per strategy, the same in every plot (fixed by the project's list)."""
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {n: cycle[NAMES.index(n) % len(cycle)] for n in names}
+    return {n: cycle[KNOWN.index(n) % len(cycle)] for n in names}
 
 
 def save(fig: Figure, path: Path) -> None:

@@ -35,7 +35,7 @@ from pipeline.reporting.plots import PLOTS, write_plots
 from pipeline.reporting.speed_noise import speedup_within_noise
 from pipeline.reporting.table import Row
 from pipeline.results import read_config, read_history, read_summary
-from pipeline.strategies import NAMES, check_names
+from pipeline.strategies import NAMES, OPT_IN, check_names
 from pipeline.tracking.comparison_run import (
     RECOMMENDED,
     Registration,
@@ -135,8 +135,11 @@ def write_report(
             ),
         ):
             atomic_write(out / name, json.dumps(data, indent=2) + "\n")
+        # a column for every strategy dvc.yaml plots (NAMES), and one for an opt-in
+        # strategy where it ran
+        columns = [*NAMES, *(name for name in OPT_IN if name in histories)]
         for name, field in table.WIDE_PLOTS.items():
-            atomic_write(out / name, table.wide_csv(histories, list(NAMES), field))
+            atomic_write(out / name, table.wide_csv(histories, columns, field))
         # the URL alone, to open or script with (`xdg-open $(cat reports/mlflow_url.txt)`)
         atomic_write(out / MLFLOW_URL, (mlflow.url if mlflow else unreachable) + "\n")
         write_plots(rows, histories, target, out)

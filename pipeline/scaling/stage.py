@@ -20,7 +20,7 @@ from pipeline.errors import UserError
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
 from pipeline.run_spec import resolve_run
-from pipeline.scaling.checked import band, band_text, layout_unchecked
+from pipeline.scaling.checked import band, band_text, layout_unchecked, not_predicted_document
 from pipeline.scaling.gloo_link import BANDWIDTH_BYTES, WORLD, measure_gloo_link
 from pipeline.scaling.kept_link import KEPT_LINKS, kept_link, this_machine
 from pipeline.scaling.links import PRESETS, Link, check_link
@@ -108,6 +108,11 @@ def predict_strategy(
         "by_devices": {},
     }
     spec = resolve_run(cfg, name)
+    if spec.facts.launched_by != "torchrun":
+        # a prediction steps one rank of N under torch's fake process group, where Horovod
+        # (horovodrun's ranks, its own collectives) has no ranks: not measured that way yet
+        why = f"not predicted: {name}'s ranks are {spec.facts.launched_by}'s (docs/horovod.md)"
+        return not_predicted_document(name, why)
     if name == "single":  # one device at any N: what every speedup divides
         baseline = measure_step(spec, 1, device, cfg.predict.time_s)
         return {**doc, "baseline_step_s": baseline}

@@ -74,6 +74,9 @@ class StrategyFacts(Generic[OptionsT]):
     # global batch, its order and the BatchNorm statistics all independent of the ranks): a
     # checkpoint then resumes at another world size, resharded (identity.py)
     same_at_any_world_size: Callable[[OptionsT], bool] = lambda options: False
+    # what starts its job's processes: torchrun's elastic agent in the launcher, or
+    # horovodrun (pipeline/launch/horovod_run.py), whose processes Horovod needs
+    launched_by: str = "torchrun"
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,12 @@ class _Run:
     # called on every rank before each evaluation: ranks whose BatchNorm buffers drifted
     # apart take the writer's, so the reported test accuracy is that of the saved model
     before_eval: Callable[[], None] = lambda: None
+    # the optimizer as the run steps it, made from the loop's (numerics/build.py): Horovod's
+    # DistributedOptimizer, whose step waits for its gradients' all-reduce; the loop's own
+    # elsewhere
+    distributed_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] = (
+        lambda optimizer: optimizer
+    )
 
     def state_dict(self) -> StateDict:
         if self.full_state_dict is not None:

@@ -69,7 +69,7 @@ def keep_earlier_run(project, name: str) -> None:
 @pytest.mark.parametrize(
     "args, env, words",
     [
-        (["pipeline.train", "horovod"], {}, ["strategy 'horovod' is unknown", "single"]),
+        (["pipeline.train", "deepspeed"], {}, ["strategy 'deepspeed' is unknown", "single"]),
         (["pipeline.train"], {}, ["usage: python -m pipeline.train STRATEGY"]),
         (["pipeline.train", "train.epochs=1"], {}, ["the first argument is the strategy"]),
         (["pipeline.train", "single", "--bogus"], {}, ["unrecognized arguments: --bogus"]),

@@ -134,7 +134,7 @@ OWNED_ELSEWHERE = [
     (lambda: BatchPlan.make(10, 3), ["train.batch_size: got 10", "train.grad_accum (3)"]),
     (lambda: BatchPlan.make(32, 1).over(3, "ddp"), ["ddp needs", "= 3 x 1"]),
     (lambda: BatchPlan.make(32, 1).drawing_from(20), ["larger than the 20 training samples"]),
-    (lambda: check_names(["single", "horovod"]), ["strategies: unknown entry 'horovod'"]),
+    (lambda: check_names(["single", "deepspeed"]), ["strategies: unknown entry 'deepspeed'"]),
     (lambda: parse_devices("0,,3"), ["devices", "0,,3"]),
     (lambda: parse_devices("gpu0"), ["devices", "gpu0"]),
     (lambda: parse_endpoint("host:port"), ["dist.rdzv_endpoint", "host:port"]),

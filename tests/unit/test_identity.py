@@ -168,7 +168,7 @@ def worker_code() -> set[str]:
     interpreter that imported what `python -m pipeline.train` does under torchrun, and every
     strategy."""
     imports = ["pipeline.train", "pipeline.launch.worker"]
-    imports += [f"pipeline.strategies.{name}" for name in strategies.NAMES]
+    imports += [f"pipeline.strategies.{name}" for name in strategies.KNOWN]
     code = (
         "import importlib, json\n"
         f"for name in {imports!r}:\n"
@@ -186,7 +186,7 @@ def test_every_file_the_train_stage_depends_on_is_in_the_identity_or_named_outsi
     run and hands on what it measured. Issue 28: pipeline/memory.py was neither, and an
     edit to it brought back the old memory figures."""
     deps = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
-    files = set().union(*(code_deps(deps, name) for name in strategies.NAMES))
+    files = set().union(*(code_deps(deps, name) for name in strategies.KNOWN))
     code = worker_code()
     assert sorted(f for f in files if f not in code and in_identity(module_of(f))) == []
     assert sorted(f for f in code if not in_identity(module_of(f))) == []
@@ -216,7 +216,7 @@ def test_another_strategys_section_is_not_part_of_the_identity(tmp_path):
 def test_every_key_is_shaping_a_strategys_own_or_named_as_not_shaping():
     """A new key must be placed: in SHAPING, in a strategy's section (its FACTS say which of
     its keys shape the run), or in NOT_SHAPING above."""
-    sections = {name: strategies.get(name).facts for name in strategies.NAMES}
+    sections = {name: strategies.get(name).facts for name in strategies.KNOWN}
     for key in flatten(Config()):
         section = key.split(".")[0]
         placed = [

@@ -35,8 +35,8 @@ STAGE_MODULES = {  # stage -> the module its cmd runs, and what else it imports 
 }
 STAGES = [
     "fetch",
-    *(f"train@{name}" for name in strategies.NAMES),
-    *(f"predict@{name}" for name in strategies.NAMES),
+    *(f"train@{name}" for name in strategies.KNOWN),
+    *(f"predict@{name}" for name in strategies.KNOWN),
     "compare",
 ]
 COMMANDS = [
@@ -172,7 +172,7 @@ print(json.dumps(found))
 def imported_files(modules: tuple[str, ...], with_strategies: bool) -> dict[str, set[str]]:
     """ "" -> the project's files loaded by importing `modules`; each strategy's name -> those
     loaded by importing its module too (with_strategies)."""
-    names = strategies.NAMES if with_strategies else ()
+    names = strategies.KNOWN if with_strategies else ()
     code = f"MODULES = {list(modules)!r}\nSTRATEGIES = {list(names)!r}\n{LOADED}"
     found: dict[str, list[str]] = fresh_python(code)
     return {key: {str(Path(f).relative_to(REPO)) for f in files} for key, files in found.items()}
@@ -200,26 +200,32 @@ def test_an_edit_to_a_strategys_module_re_runs_the_stages_that_import_it():
     users = {
         f"pipeline/strategies/{module}.py": sorted(
             name
-            for name in strategies.NAMES
+            for name in strategies.KNOWN
             if f"pipeline/strategies/{module}.py" in stage_deps(f"train@{name}")
         )
         for module in ("fsdp", "sync_batchnorm", "dp", "gpu0_autotune", "base", "__init__")
     }
     assert users == {
         "pipeline/strategies/fsdp.py": ["fsdp"],
-        # ddp's and fsdp's sync_bn; the mesh's BatchNorm over its data ranks
-        "pipeline/strategies/sync_batchnorm.py": ["channel_parallel", "ddp", "fsdp", "hybrid"],
+        # ddp's, fsdp's and horovod's sync_bn; the mesh's BatchNorm over its data ranks
+        "pipeline/strategies/sync_batchnorm.py": [
+            "channel_parallel",
+            "ddp",
+            "fsdp",
+            "horovod",
+            "hybrid",
+        ],
         "pipeline/strategies/dp.py": ["balanced_dp", "dp"],  # balanced_dp imports its notes
         "pipeline/strategies/gpu0_autotune.py": ["balanced_dp"],
-        "pipeline/strategies/base.py": sorted(strategies.NAMES),
-        "pipeline/strategies/__init__.py": sorted(strategies.NAMES),
+        "pipeline/strategies/base.py": sorted(strategies.KNOWN),
+        "pipeline/strategies/__init__.py": sorted(strategies.KNOWN),
     }
 
 
 def test_reporting_code_is_no_dependency_of_training():
     """Editing a plot must not retrain anything (the dvc status of such an edit is checked
     for real in tests/e2e/test_dvc_pipeline.py)."""
-    for name in strategies.NAMES:
+    for name in strategies.KNOWN:
         assert not any(f.startswith("pipeline/reporting/") for f in stage_deps(f"train@{name}"))
     assert not any(f.startswith("pipeline/reporting/") for f in stage_deps("fetch"))
 
@@ -230,13 +236,13 @@ def test_strategy_names_live_in_the_registry():
         f: cols for plot in DVC["plots"] for (f, cols) in next(iter(plot.values()))["y"].items()
     }
     assert plotted == {f"reports/{name}": list(strategies.NAMES) for name in WIDE_PLOTS}
-    for name in strategies.NAMES:
+    for name in strategies.KNOWN:
         spec = strategies.get(name)  # a cast there: checked here
         module = importlib.import_module(f"pipeline.strategies.{name}")
         assert isinstance(spec, StrategySpec) and spec is module.SPEC
         assert spec.facts is module.FACTS and spec.facts.name == name
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    assert set(params["strategies"]) <= set(strategies.NAMES)
+    assert set(params["strategies"]) <= set(strategies.NAMES)  # no opt-in one by default
 
 
 def test_each_strategy_declares_its_section_and_its_stage_depends_on_it_alone():

@@ -18,7 +18,7 @@ import yaml
 
 from pipeline import config
 from pipeline.config import Config, ConfigError, describe, field_docs
-from pipeline.strategies import NAMES
+from pipeline.strategies import KNOWN
 from support import REPO
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -90,7 +90,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_every_section_of_the_schema_is_reached():
     names = {schema.__name__ for _, schema in sections()}
     assert {"Config", "TrainConfig", "SingleConfig", "DpConfig", "MlflowConfig"} <= names
-    assert len(names) == 17  # Config and its 16 sections
+    assert len(names) == 18  # Config and its 17 sections
 
 
 @pytest.mark.parametrize("prefix, schema", sections(), ids=lambda x: getattr(x, "__name__", x))
@@ -233,6 +233,7 @@ def test_describe_groups_by_section_under_the_class_docstring():
         "dp",
         "ddp",
         "fsdp",
+        "horovod",
         "balanced_dp",
         "pipeline_parallel",
         "channel_parallel",
@@ -321,7 +322,7 @@ def test_print_config_prints_the_strategys_resolved_params_and_exits():
     expected = yaml.safe_load(
         config.to_yaml(config.load_config(REPO / "params.yaml", ["fsdp.mixed_precision=bf16"]))
     )
-    others = [name for name in NAMES if name != "fsdp"]
+    others = [name for name in KNOWN if name != "fsdp"]
     assert printed == {k: v for k, v in expected.items() if k not in others}
     assert printed["fsdp"]["mixed_precision"] == "bf16" and "ddp" not in printed
     # bad input is refused as when training: one line, exit 2

@@ -1,0 +1,1 @@
+../../pipeline/strategies/horovod.py

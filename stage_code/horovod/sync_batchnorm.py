@@ -1,0 +1,1 @@
+../../pipeline/strategies/sync_batchnorm.py

@@ -1,0 +1,1 @@
+../../../pipeline/launch/horovod_run.py
