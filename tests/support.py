@@ -104,6 +104,17 @@ IMAGE = "registry.example/parallel-lab:test"  # what the container would record 
 LEARNED = 0.5
 
 
+# the parity tests' run: 10 optimizer steps of a global batch of 32 on the tiny network, from
+# one seed; each test adds its strategies' sections and its precision
+TEN_STEPS = [
+    "seed=0",
+    "model.width=8",
+    "data.limit_train=320",
+    "train.batch_size=32",
+    "train.epochs=1",
+]
+
+
 # what the tests that read predictions add to tiny_params: predict stages in seconds, one N,
 # a short timing, a given link (no gloo measured)
 PREDICT = {"predict": {"gpus": [2]}}

@@ -121,11 +121,8 @@ def cache_key(torch_version: str, toolkit: str | None) -> str:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fetch_sdist(python: str, into: Path) -> Path:

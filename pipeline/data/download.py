@@ -28,11 +28,8 @@ TIMEOUT_S = 60
 
 
 def md5sum(path: Path) -> str:
-    digest = hashlib.md5()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def source_url(mirror: str, name: str) -> str:

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from support import make_project, run, tiny_params, train_in_one_process
+from support import TEN_STEPS, make_project, run, tiny_params, train_in_one_process
 
 
 def horovod_missing() -> str | None:
@@ -31,11 +31,7 @@ def horovod_missing() -> str | None:
 pytestmark = pytest.mark.skipif(horovod_missing() is not None, reason=str(horovod_missing()))
 
 FP64 = [
-    "seed=0",
-    "model.width=8",
-    "data.limit_train=320",
-    "train.batch_size=32",
-    "train.epochs=1",
+    *TEN_STEPS,
     "train.precision=fp64",
     "horovod.nproc=2",
     "horovod.sync_bn=true",

@@ -20,19 +20,12 @@ import shutil
 import pytest
 import torch
 
+import support
 from pipeline.resnet import resnet18
 from support import Background, make_project, run, tiny_params, train_in_one_process
 
 FP64_BOUND = 1e-9
-TEN_STEPS = [
-    "seed=0",
-    "model.width=8",
-    "data.limit_train=320",
-    "train.batch_size=32",
-    "train.epochs=1",
-    "train.precision=fp64",
-    "train.grad_accum=2",
-]
+TEN_STEPS = [*support.TEN_STEPS, "train.precision=fp64", "train.grad_accum=2"]
 RUNS = [
     ("single", "single", TEN_STEPS),
     ("channel_parallel", "channel_parallel", [*TEN_STEPS, "channel_parallel.nproc=2"]),

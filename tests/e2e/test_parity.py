@@ -28,16 +28,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import support
 from support import make_project, run, tiny_params, train_in_one_process
 
 WIDTH, SEED = 8, 0
-# 10 optimizer steps of a global batch of 32 on the tiny network
+# support.TEN_STEPS (at this width and seed), each strategy at 2 processes
 TEN_STEPS = [
-    f"seed={SEED}",
-    f"model.width={WIDTH}",
-    "data.limit_train=320",
-    "train.batch_size=32",
-    "train.epochs=1",
+    *support.TEN_STEPS,
     "ddp.nproc=2",
     "ddp.sync_bn=true",
     "fsdp.nproc=2",
