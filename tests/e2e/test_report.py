@@ -320,7 +320,11 @@ def test_the_recommended_model_is_logged_registered_and_scores_as_reported(
     experiment = client.get_experiment_by_name("tests").experiment_id
     answer = json.loads((project / "reports/recommendation.json").read_text())
     registered = answer["registered_model"]
-    name = answer["objectives"]["throughput"]["pick"]  # of a tie, the one on fewest devices
+    # throughput's pick (of a tie, the one on the fewest devices), else the first objective's:
+    # under load every speed figure may be left unranked (machine busy)
+    picks = [o["pick"] for o in answer["objectives"].values() if o["pick"] is not None]
+    throughput = answer["objectives"]["throughput"]["pick"]
+    name = throughput if throughput is not None else picks[0]
     record = json.loads((project / f"checkpoints/{name}/run.json").read_text())
     assert registered["strategy"] == name and registered["run_id"] == record["run_id"]
     assert registered["uri"] == "models:/tests@recommended"  # MLflow's aliases, not stages
