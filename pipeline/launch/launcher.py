@@ -70,6 +70,7 @@ from pipeline.launch.topology import (
 from pipeline.locks import holding
 from pipeline.results import CHECKPOINTS, RESULTS, RUN_RECORD, read_checkpoint_record
 from pipeline.run_spec import resolve_run
+from pipeline.strategies.base import Launcher
 from pipeline.timeline import mark
 from pipeline.tracking.mlflow_run import read_record
 from pipeline.tracking.relay import EVENTS_ENV, STORE_READY_WAIT_S, Publisher
@@ -122,7 +123,7 @@ class Job(NamedTuple):
     plan: BatchPlan  # the batch as one process trains it
     limit_train: int | None  # data.limit_train: the training samples the run draws from
     max_restarts: int  # checkpoint.max_restarts
-    launched_by: str = "torchrun"  # or horovodrun (StrategyFacts.launched_by)
+    launched_by: Launcher = "torchrun"  # StrategyFacts.launched_by
 
 
 def validate(name: str, cfg: Config) -> Job:

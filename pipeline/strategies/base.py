@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Generic, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,8 @@ Autocast = Callable[[], ContextManager[object]]
 Forward = Callable[[torch.Tensor], torch.Tensor]  # images -> logits
 StateDict = dict[str, Any]  # a module's state_dict (tensors, and what a BatchNorm keeps)
 
+# what starts a job's processes: torchrun's elastic agent, or horovodrun (launch/horovod_run.py)
+Launcher = Literal["torchrun", "horovodrun"]
 OptionsT = TypeVar("OptionsT")  # a strategy's options: the dataclass of its params section
 
 
@@ -76,7 +78,7 @@ class StrategyFacts(Generic[OptionsT]):
     same_at_any_world_size: Callable[[OptionsT], bool] = lambda options: False
     # what starts its job's processes: torchrun's elastic agent in the launcher, or
     # horovodrun (pipeline/launch/horovod_run.py), whose processes Horovod needs
-    launched_by: str = "torchrun"
+    launched_by: Launcher = "torchrun"
 
 
 @dataclass(frozen=True)
