@@ -392,22 +392,22 @@ def medians_of(rows: list[dict[str, float]]) -> dict[str, float]:
 def table(result: dict) -> str:
     """The medians as a Markdown table, a column per strategy and start method."""
     keys = list(result["median_s"])
-    lines = [
-        "| phase (median s) | " + " | ".join(keys) + " |",
-        "|---|" + "---:|" * len(keys),
-    ]
-    for phase in result["median_s"][keys[0]]:  # as the JSON has them (older ones, other phases)
+    lines = ["| phase (median s) | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    if not keys:  # --runs 0: predict stages and quickstarts alone
+        lines = []
+    for phase in result["median_s"][keys[0]] if keys else []:  # as the JSON has them
         cells = [f"{result['median_s'][k][phase]:.2f}" for k in keys]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    if "median_first_step_s" in result:  # older JSONs have the phases alone
+    if "median_first_step_s" in result and keys:  # older JSONs have the phases alone
         first = [f"**{result['median_first_step_s'][k]:.2f}**" for k in keys]
         lines.append("| **the command to the end of its first step** | " + " | ".join(first) + " |")
     fixed = [f"**{result['median_fixed_s'][k]:.2f}**" for k in keys]
-    lines.append("| **fixed cost (all but training)** | " + " | ".join(fixed) + " |")
-    if "median_wall_s" in result:  # older JSONs have the phases alone
+    if keys:
+        lines.append("| **fixed cost (all but training)** | " + " | ".join(fixed) + " |")
+    if "median_wall_s" in result and keys:  # older JSONs have the phases alone
         wall = [f"**{result['median_wall_s'][k]:.2f}**" for k in keys]
         lines.append("| **the stage's wall time** | " + " | ".join(wall) + " |")
-    if "median_publisher_cpu_s" in result:  # older JSONs have no such figure
+    if result.get("median_publisher_cpu_s"):  # older JSONs have no such figure
         cpu = ", ".join(f"{k} {v:.2f}" for k, v in result["median_publisher_cpu_s"].items())
         lines += [
             "",
@@ -415,7 +415,7 @@ def table(result: dict) -> str:
             "the pushes, the system metrics), at idle priority so that it never takes a "
             f"training core, used a median of {cpu} s of CPU.",
         ]
-    if "floor" in result:
+    if result.get("floor", {}).get("runs"):
         floor = result["floor"]
         lines += [
             "",

@@ -52,8 +52,10 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         device = measuring_device(cfg.devices)
         link = functools.cache(lambda: the_link(cfg, device))  # once, where a strategy needs it
+        done: dict[str, dict[str, Any]] = {}  # a layout that is a preset's run reuses its row
         for name in measured:
-            write(name, predict_strategy(cfg, name, device, link))
+            done[name] = predict_strategy(cfg, name, device, link, done)
+            write(name, done[name])
     shown = combine(read_predictions(["single", *names]))  # single's baseline, where it ran
     if shown is not None:
         print(text(shown), end="", flush=True)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -17,9 +18,10 @@ import torch
 from pipeline.config import Config
 from pipeline.data.fashion_mnist import DATA_DIR, load_arrays
 from pipeline.errors import UserError
+from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import build_model
 from pipeline.results import PREDICTED
-from pipeline.run_spec import resolve_run
+from pipeline.run_spec import RunSpec, resolve_run
 from pipeline.scaling.checked import band, band_text, layout_unchecked, not_predicted_document
 from pipeline.scaling.gloo_link import BANDWIDTH_BYTES, WORLD, measure_gloo_link
 from pipeline.scaling.kept_link import KEPT_LINKS, kept_link, this_machine
@@ -84,10 +86,16 @@ def too_many_processes(device: torch.device, n: int) -> bool:
 
 
 def predict_strategy(
-    cfg: Config, name: str, device: torch.device, link: Callable[[], Link]
+    cfg: Config,
+    name: str,
+    device: torch.device,
+    link: Callable[[], Link],
+    done: Mapping[str, dict[str, Any]] = MappingProxyType({}),
 ) -> dict[str, Any]:
     """`name`'s document: its epoch at each N of predict.gpus (single: the baseline).
-    `link`: the link, measured or read the first time it is called (single needs none)."""
+    `link`: the link, measured or read the first time it is called (single needs none);
+    `done`: the documents this process predicted before, whose rows a layout that is the same
+    run reuses (`preset_row`)."""
     data = data_size(cfg)
     doc: dict[str, Any] = {
         "kind": PREDICTED,  # every figure of it is a prediction, never a measurement
@@ -135,8 +143,12 @@ def predict_strategy(
             rows = {}
             for options in spec.facts.layouts(spec.options, n):
                 laid_out = replace(spec, options=options)
-                at = Measurements(laid_out, device, cfg.predict.time_s)
                 dims = laid_out.dims(n)
+                reused = preset_row(cfg, laid_out, dims, n, done)
+                if reused is not None:
+                    rows[dims.describe()] = reused
+                    continue
+                at = Measurements(laid_out, device, cfg.predict.time_s)
                 row = predicted_or_why(at, n, given, data)
                 unchecked = layout_unchecked(name, dims.used)
                 if unchecked is not None:  # the strategy's band is its checked layouts'
@@ -144,6 +156,31 @@ def predict_strategy(
                 rows[dims.describe()] = row
             doc["by_devices"][str(n)] = {"strategy": name, "layouts": rows}
     return doc
+
+
+def preset_row(
+    cfg: Config, spec: RunSpec[Any], dims: ParallelDims, n: int, done: Mapping[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The row at n of the preset whose run this layout builds (StrategyFacts.preset_of),
+    where this process predicted the preset already: the same code on the same mesh with the
+    same settings and facts, so its measurement is the layout's; None: measure the layout.
+    Only documents made here count: a DVC stage depends on no other stage's prediction."""
+    preset = spec.facts.preset_of(spec.options, dims) if spec.facts.preset_of else None
+    if preset is None or preset[0] not in done:
+        return None
+    name, keys = preset
+    other = resolve_run(cfg, name)
+    facts = (other.facts.cuda_graphs, other.facts.sharded_parameters)
+    same = (
+        other.dims(n) == dims
+        and all(getattr(other.options, key) == value for key, value in keys.items())
+        and facts == (spec.facts.cuda_graphs, spec.facts.sharded_parameters)
+    )
+    row = done[name].get("by_devices", {}).get(str(n))
+    if not same or row is None or "not_predicted" in row or "band" not in done[name]:
+        return None
+    why = f"{name}'s run on the same mesh, predicted once: {done[name]['checked']}"
+    return {**row, "strategy": spec.name, "band": done[name]["band"], "checked": why}
 
 
 def predicted_or_why(measured: Measurements, n: int, link: Link, data: DataSize) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Optional, TypeVar, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union, overload
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,7 @@ StateDict = dict[str, Any]  # a module's state_dict (tensors, and what a BatchNo
 
 # what starts a job's processes: torchrun's elastic agent, or horovodrun (launch/horovod_run.py)
 Launcher = Literal["torchrun", "horovodrun"]
+Preset = tuple[str, dict[str, object]]  # StrategyFacts.preset_of's: a strategy, its keys
 OptionsT = TypeVar("OptionsT")  # a strategy's options: the dataclass of its params section
 
 
@@ -79,6 +80,10 @@ class StrategyFacts(Generic[OptionsT]):
     # what starts its job's processes: torchrun's elastic agent in the launcher, or
     # horovodrun (pipeline/launch/horovod_run.py), whose processes Horovod needs
     launched_by: Launcher = "torchrun"
+    # a layout (`layouts`) whose run is a preset's, with the preset's section keys that must
+    # equal for the two to compute alike: (its name, {key: value}); None: no preset builds it.
+    # A prediction that predicts both measures it once (scaling/stage.py `preset_row`)
+    preset_of: Optional[Callable[[OptionsT, ParallelDims], Optional[Preset]]] = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +209,15 @@ def alone(options: object, world_size: int) -> ParallelDims:
 def replicas(options: object, world_size: int) -> ParallelDims:
     """Every rank a data replica (ddp)."""
     return ParallelDims(replicate=world_size)
+
+
+@overload
+def local(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def local(t: None) -> None: ...
+def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A parameter's or buffer's own shard (a plain tensor as it is)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def gathered_state(module: nn.Module) -> StateDict:

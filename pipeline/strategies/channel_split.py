@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import Any, Optional, overload
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,18 +35,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
+from pipeline.strategies.base import local
 from pipeline.strategies.sync_batchnorm import BatchNormState, Group, synced_batch_norm
 
 COLWISE, ROWWISE, REPLICATE = "colwise", "rowwise", "replicate"
-
-
-@overload
-def local(t: torch.Tensor) -> torch.Tensor: ...
-@overload
-def local(t: None) -> None: ...
-def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """A parameter's or buffer's own shard (a plain tensor as it is)."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class _CopyToShards(torch.autograd.Function):

@@ -3,7 +3,7 @@ pipeline=p)`): each data rank's p neighbouring ranks run pipeline_parallel's sta
 blocks (`stage_run`, over the ranks of that pipeline alone), on the data rank's share of every
 micro-batch; after the step's last schedule run, every stage's gradients are averaged over
 its data group (the ranks that hold the same stage), bucketed as a hybrid's replicas reduce
-theirs (mesh_plan.replica_reduction), not overlapping the backward.
+theirs (replicas.replica_reduction), not overlapping the backward.
 
     data 2 x pipeline 2 on 4 ranks:  rank = 2 * data rank + stage
         ranks 0, 1: the pipeline of samples 0::2 of each micro-batch; ranks 2, 3: of 1::2
@@ -31,13 +31,9 @@ from pipeline.context import DistContext
 from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import block_flops
 from pipeline.strategies.base import Autocast, PipelinedRun
-from pipeline.strategies.mesh_plan import (
-    data_group,
-    no_sync_needed,
-    replicated_sync,
-    writer_buffers_within,
-)
+from pipeline.strategies.mesh_plan import data_group, writer_buffers_within
 from pipeline.strategies.pipeline_parallel import StageCut, schedule_loss, split_points, stage_run
+from pipeline.strategies.replicas import no_sync_needed, replicated_sync
 from pipeline.strategies.sync_batchnorm import convert_sync_batchnorm, unsynced_note
 
 

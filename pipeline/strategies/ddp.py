@@ -2,15 +2,14 @@
 
 Each rank trains on its strided share of every micro-batch (pipeline/data/device_data.py),
 gradients are averaged over ranks in backward, and with gradient accumulation only the last
-micro-step all-reduces (`no_sync` on the others).
+micro-step all-reduces (`no_sync` on the others). The mesh's data replicas alone
+(`ParallelDims(replicate=N)`), applied by the function every mesh's replicas use
+(replicas.replicate), with BatchNorm as `ddp.sync_bn` says.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipeline.batch_plan import BatchPlan
 from pipeline.config import DdpConfig
@@ -23,6 +22,7 @@ from pipeline.strategies.base import (
     gpu_count_or_nproc,
     replicas,
 )
+from pipeline.strategies.replicas import replicate
 from pipeline.strategies.sync_batchnorm import batchnorm_synced, rank_batchnorm
 
 FACTS = StrategyFacts(
@@ -44,15 +44,7 @@ def parallelize(
 ) -> DataParallelRun:
     batchnorm = rank_batchnorm("ddp", model, options.sync_bn, plan, ctx.on_cuda)
     model = batchnorm.model
-    device_ids = [ctx.device.index] if ctx.on_cuda else None
-    # DDP's defaults on purpose: static_graph=True fails on the first no_sync() step of
-    # gradient accumulation (reducer.cpp "expect_autograd_hooks_", torch 2.14), and
-    # broadcast_buffers=False, pointless work saved under SyncBN, warns as deprecated.
-    ddp = DDP(model, device_ids=device_ids)
-
-    def reduce_grads_if(is_last: bool) -> AbstractContextManager[None]:
-        return nullcontext() if is_last else ddp.no_sync()
-
+    ddp, reduce_grads_if = replicate(model, None, ctx.world_size, ctx)
     return DataParallelRun(
         module=ddp,
         forward=ddp,

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import cast
 
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
 from pipeline.batch_plan import BatchPlan
@@ -57,7 +56,7 @@ def parallelize(
 ) -> DataParallelRun:
     batchnorm = rank_batchnorm("fsdp", model, options.sync_bn, plan, ctx.on_cuda)
     model = batchnorm.model
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    mesh = FACTS.mesh(options, ctx.world_size).mesh(ctx.device.type)  # data shards alone
     shard(model, mesh, options.mixed_precision)
 
     sharded = cast(FSDPModule, model)  # fully_shard made the model an FSDPModule in place

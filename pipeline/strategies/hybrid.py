@@ -41,7 +41,7 @@ from pipeline.context import DistContext
 from pipeline.errors import UserError
 from pipeline.parallel_dims import ParallelDims, factorizations
 from pipeline.resnet import BLOCKS
-from pipeline.strategies.base import Autocast, Run, StrategyFacts, StrategySpec
+from pipeline.strategies.base import Autocast, Preset, Run, StrategyFacts, StrategySpec
 from pipeline.strategies.data_pipeline import apply_data_pipeline
 from pipeline.strategies.mesh_plan import apply_mesh
 
@@ -88,6 +88,18 @@ def same_at_any_world_size(options: HybridConfig) -> bool:
     return options.sync_bn and (options.microbatches == 1 or options.pipeline > 1)
 
 
+def preset_of(options: HybridConfig, dims: ParallelDims) -> Preset | None:
+    """The preset whose run a layout of one dimension builds (apply_mesh with that dimension
+    alone, as the preset's parallelize does), with the preset's keys that must equal. Not
+    ddp: its run may take CUDA graphs and channels_last, which a hybrid's never does, and a
+    pipeline's micro-batches are each its own section's."""
+    if dims.used == ("channel",):
+        return "channel_parallel", {}
+    if dims.used == ("shard",):
+        return "fsdp", {"sync_bn": options.sync_bn, "mixed_precision": "none"}
+    return None
+
+
 FACTS = StrategyFacts(
     name="hybrid",
     options=HybridConfig,
@@ -100,6 +112,7 @@ FACTS = StrategyFacts(
     shaping_keys=("sync_bn", "microbatches"),
     cuda_graphs=False,  # collectives inside the forward, FSDP's hooks between graphs
     sharded_parameters=True,  # DTensors: contiguous NCHW
+    preset_of=preset_of,
 )
 
 

@@ -1,25 +1,20 @@
 """A job's device mesh (pipeline/parallel_dims.py) applied to the plain model, one small
 function per dimension, in a fixed order: channel first (it changes the layers), then the data
-dimensions over what is left, FSDP2 where they shard, else replicas. Used by channel_parallel
-and hybrid; ddp and fsdp are these same dimensions alone, in modules of their own (the
-shards are fsdp's own units and sync, fsdp_units.py, over the mesh's data dimensions).
-
-Data replicas around channel shards reduce their gradients after the step's last backward,
-bucketed into one all-reduce over the data group: DDP's reducer cannot take the DTensor
-parameters the channel shards hold, so this does not overlap the backward as DDP's does (the
-prediction measures and models it as blocking).
+dimensions over what is left, FSDP2 where they shard (`fsdp_units.shard`), else replicas
+(`replicas.replicate`: DDP's for a plain model, one bucket after the backward around channel
+shards). Used by channel_parallel and hybrid; ddp and fsdp are the data dimensions alone,
+applied by the same two functions (their modules add what their own sections ask: BatchNorm
+as `sync_bn` says, fsdp's mixed precision).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
@@ -27,14 +22,11 @@ from pipeline.batch_plan import BatchPlan
 from pipeline.context import DistContext
 from pipeline.parallel_dims import ParallelDims
 from pipeline.resnet import CHANNEL_PLAN, INPUT_SHAPE, residual_blocks
-from pipeline.strategies.base import DataParallelRun, gathered_state
-from pipeline.strategies.channel_split import local, split_bytes, split_channels
+from pipeline.strategies.base import DataParallelRun, gathered_state, local
+from pipeline.strategies.channel_split import split_bytes, split_channels
 from pipeline.strategies.fsdp_units import gradient_sync_if, shard
+from pipeline.strategies.replicas import no_sync_needed, replicate
 from pipeline.strategies.sync_batchnorm import Group, convert_sync_batchnorm
-
-# a DataParallelRun's reduce_grads_if: the context of a micro-step's backward, given whether it
-# is the step's last
-ReduceGradsIf = Callable[[bool], AbstractContextManager[None]]
 
 
 def data_group(dims: ParallelDims) -> Group:
@@ -90,23 +82,11 @@ def traffic_note(model: nn.Sequential, plan: dict[nn.Module, str], n: int, sampl
     )
 
 
-def replica_reduction(model: nn.Module, group: Group, replicas: int) -> Iterator[None]:
-    """After the last micro-step's backward, every gradient averaged over the data replicas
-    in one bucket (its own shard of a channel-split one)."""
-    yield
-    grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    flat /= replicas
-    for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-        grad.copy_(reduced)
-
-
 def apply_mesh(
     model: nn.Sequential, dims: ParallelDims, plan: BatchPlan, ctx: DistContext, sync_bn: bool
 ) -> DataParallelRun:
     """The run of `dims` over this job: channel shards, then FSDP2 over the data shards or
-    replicas reducing after the backward. `sync_bn`: BatchNorm over the data ranks' samples."""
+    replicas (`replicate`). `sync_bn`: BatchNorm over the data ranks' samples."""
     if dims.pipeline > 1:
         raise ValueError("apply_mesh: pipeline stages are pipeline_parallel's")
     mesh = dims.mesh(ctx.device.type)
@@ -119,17 +99,18 @@ def apply_mesh(
         notes += apply_channel(model, mesh["channel"], synced_over, samples)
     elif sync_bn and dims.data > 1:
         model = convert_sync_batchnorm(model, ctx.on_cuda)
+    trained: nn.Module = model  # what the loop calls: DDP's wrapper where it replicates
     if dims.shard > 1:
         names = tuple(n for n in ("replicate", "shard") if getattr(dims, n) > 1)
         shard(model, mesh[names], mixed_precision="none")  # fsdp's units; a 2-D mesh: HSDP
         reduce_grads_if = gradient_sync_if(cast(FSDPModule, model))
     elif dims.replicate > 1:
-        reduce_grads_if = replicated_sync(model, group, dims.replicate)
+        trained, reduce_grads_if = replicate(model, group, dims.replicate, ctx)
     else:
         reduce_grads_if = no_sync_needed
     return DataParallelRun(
-        module=model,
-        forward=model,
+        module=trained,
+        forward=trained,
         writer=ctx.is_main,
         devices=ctx.devices_of_ranks(),
         batch_split=[plan.per_rank] * ctx.world_size,
@@ -153,19 +134,3 @@ def writer_buffers_within(model: nn.Module, group: Group) -> Callable[[], None]:
             dist.broadcast(local(buffer), src=first, group=group)
 
     return share
-
-
-@contextmanager
-def no_sync_needed(is_last: bool) -> Iterator[None]:
-    yield
-
-
-def replicated_sync(model: nn.Module, group: Group, replicas: int) -> ReduceGradsIf:
-    @contextmanager
-    def reduce_grads_if(is_last: bool) -> Iterator[None]:
-        if is_last:
-            yield from replica_reduction(model, group, replicas)
-        else:
-            yield
-
-    return reduce_grads_if

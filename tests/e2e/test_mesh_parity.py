@@ -8,7 +8,8 @@ Channel shards compute every split layer's share and sum the partial outputs in 
 order than one device's kernel does, so they differ from `single` by rounding alone: in fp64
 measured at most 3e-16 after 10 steps; bound 1e-9 as test_parity.py's. Their checkpoints hold
 the split tensors as DTensors with their global shapes, so a run saved by 4 processes resumes
-at 2, and at another factorization of its 4 (data x channel 2x2 -> 1x4); a data x pipeline
+at 2, and at another factorization of its 4 (data x channel 2x2 -> 1x4; FSDP x channel 2x2 ->
+channel 4, its shards gathered and split again); a data x pipeline
 run's stages save their blocks under the plain model's names, so 2x2 resumes as 1 x 4
 stages, cut elsewhere."""
 
@@ -137,13 +138,25 @@ RESUMES = [
         "4",
         "4",
     ),
+    (
+        "hybrid",
+        ["hybrid.data=1", "hybrid.shard=2", "hybrid.channel=2"],
+        ["hybrid.data=1", "hybrid.shard=1", "hybrid.channel=4"],
+        "4",
+        "4",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "name, saved_by, resumed_by, before, after",
     RESUMES,
-    ids=["channel_4_to_2", "hybrid_2x2_to_1x4", "data_x_pipeline_2x2_to_1x4"],
+    ids=[
+        "channel_4_to_2",
+        "hybrid_2x2_to_1x4",
+        "data_x_pipeline_2x2_to_1x4",
+        "fsdp_x_channel_2x2_to_1x4",
+    ],
 )
 def test_resumes_resharded(fetched, tmp_path, name, saved_by, resumed_by, before, after):
     """With SGD momentum (optimizer state to reshard), 3 epochs of 3 steps in fp64; the

@@ -1,0 +1,1 @@
+../../pipeline/strategies/replicas.py
