@@ -73,21 +73,23 @@ class CheckpointPolicy:
         """The run as it starts again, and where: `training` restored (`restored`), then its
         strategy's own last step before training (`Training.started`), which takes what the
         run decided at its start where a checkpoint, or this run's first attempt, kept it.
-        What it decides afresh goes into the progress (every checkpoint keeps it) and beside
-        the checkpoints at once: a torchrun restart before the first checkpoint goes on with
-        the same run (and MLflow run, whose params hold it), so it takes it rather than
-        deciding again."""
+        What it decided goes into the progress (every checkpoint keeps it), and where it
+        decided afresh beside the checkpoints at once: a torchrun restart before the first
+        checkpoint goes on with the same run (and MLflow run, whose params hold it), so it
+        takes it rather than deciding again."""
         # an earlier attempt of this very run (this identity), restarted by torchrun, may have
         # decided before it checkpointed anything
         kept = self.first_attempt_decided() if self.ctx.restart > 0 else None
         progress = self.restored(training, say, kept)
         training, decided = training.started(progress.decided, say)
-        if progress.decided is None and decided is not None:
-            progress.decided = decided
-            if self.ckpt.writer:
-                self.ckpt.directory.mkdir(parents=True, exist_ok=True)
-                record = {"fingerprint": self.identity.key, "decided": decided}
-                atomic_write(self.ckpt.directory / DECIDED, json.dumps(record, indent=1))
+        afresh = progress.decided is None and decided is not None
+        # what this run's strategy decided (a kept value, handed back): what every checkpoint
+        # keeps and the MLflow params hold (recorder.py); None where it decides nothing
+        progress.decided = decided
+        if afresh and self.ckpt.writer:
+            self.ckpt.directory.mkdir(parents=True, exist_ok=True)
+            record = {"fingerprint": self.identity.key, "decided": decided}
+            atomic_write(self.ckpt.directory / DECIDED, json.dumps(record, indent=1))
         return training, progress
 
     def first_attempt_decided(self) -> Optional[Decided]:

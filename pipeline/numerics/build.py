@@ -55,10 +55,11 @@ class Training:
     new_graph_step: Callable[[], None]  # called before each forward (CUDA graphs)
     # the whole step as one CUDA graph (train.cuda_graph: step, where it applies); None: eager
     graphed: Optional[GraphedStep]
-    # how `forward` was made, for the strategy's own measurement before training (`started`)
+    # how `forward` was made, for what the strategy measures before training (`started`)
     loop: LoopForward
-    # the strategy's, then the precision's, compile's, the loader's and memory's
-    notes: tuple[str, ...]
+    # the precision's, compile's, the loader's and memory's notes; `notes` puts those of the
+    # run (the one `started` leaves, which may say what it decided) before them
+    built_notes: tuple[str, ...]
     # the speed options as they applied (`speed_features`): the report and MLflow tags
     features: dict[str, Any]
     prec: Precision
@@ -72,6 +73,11 @@ class Training:
     # once from the run's devices (memory.local_devices), which `started` keeps
     memory_devices: list[torch.device]
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The run's notes, then the precision's, compile's, the loader's and memory's."""
+        return (*self.run.notes, *self.built_notes)
+
     def started(
         self, kept: Optional[Decided], say: Callable[[str], None] = lambda line: None
     ) -> tuple[Training, Optional[Decided]]:
@@ -82,8 +88,7 @@ class Training:
         if self.run.at_start is None:
             return self, None
         run, decided = self.run.at_start(self.loop, kept, say)
-        others = self.notes[len(self.run.notes) :]  # the precision's, compile's, ...
-        return replace(self, run=run, notes=(*run.notes, *others)), decided
+        return replace(self, run=run), decided
 
 
 def build_training(
@@ -147,8 +152,7 @@ def build_training(
             channels_last=channels_last,
             new_graph_step=new_graph_step,
         ),
-        notes=(
-            *run.notes,
+        built_notes=(
             *prec.notes,
             *compile_notes,
             *graph_notes,

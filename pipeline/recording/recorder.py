@@ -30,6 +30,7 @@ from pipeline.results import (
     write_results,
 )
 from pipeline.run_spec import RunSpec
+from pipeline.strategies.base import decided_params
 from pipeline.timeline import mark
 from pipeline.tracking.mlflow_run import (
     FAILED,
@@ -96,7 +97,7 @@ class RunRecorder:
         shared = shared_note(self.shared, ctx.world_size > 1)
         self.notes = [*training.notes, *([shared] if shared else []), *progress.notes]
         self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
-        self.key, self.history = key, progress.history
+        self.key, self.history, self.decided = key, progress.history, progress.decided
         self.epochs, self.final_wait_s = spec.train.epochs, spec.mlflow.final_sync_wait_s
         self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
         self.writer = training.run.writer
@@ -134,7 +135,7 @@ class RunRecorder:
             "strategy": self.name,
             "world_size": ctx.world_size,
             "effective_lr": effective_lr(spec.train),
-            **run.params,
+            **decided_params(self.decided),  # what its strategy decided at its start
         }
         # a run resumed at its end trains nothing: no samples of it in the finished run
         trains = len(self.history) < self.epochs

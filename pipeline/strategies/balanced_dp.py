@@ -107,7 +107,8 @@ def parallelize(
         loop: LoopForward, kept: Optional[Decided], say: Callable[[str], None]
     ) -> tuple[DataParallelRun, Decided]:
         """auto decided: measured on a fresh run, as this run decided it on a resume (its
-        notes and MLflow params then say the one value it trained with)."""
+        notes and MLflow params then say the one value it trained with). What it keeps, under
+        its param's name: the value per optimizer step and the notes that say how."""
         if kept is not None:
             per_step, notes = kept[key]["value"], list(kept[key]["notes"])
             say(
@@ -126,7 +127,7 @@ def parallelize(
             per_step = None if gpu0_bsz is None else gpu0_bsz * accum
         # in place: build.py compiled this very module, which has not run yet
         balanced.gpu0_bsz = None if per_step is None else per_step // accum
-        run = balanced_run(balanced, options, plan, ctx, notes, {key: per_step})
+        run = balanced_run(balanced, options, plan, ctx, notes)
         return run, {key: {"value": per_step, "notes": notes}}
 
     # the even split until decided, before the first step
@@ -140,9 +141,8 @@ def balanced_run(
     plan: BatchPlan,
     ctx: DistContext,
     auto_notes: Sequence[str] = (),
-    chosen: Optional[dict[str, Optional[int]]] = None,
 ) -> DataParallelRun:
-    """The run of `balanced` at its gpu0_bsz; `auto_notes`, `chosen`: how auto decided it."""
+    """The run of `balanced` at its gpu0_bsz; `auto_notes`: how auto decided it."""
     gpu0_bsz, micro = balanced.gpu0_bsz, plan.micro
     split = balanced_split(micro, max(len(ctx.slots), 1), gpu0_bsz)
     devices = device_names(ctx)
@@ -158,7 +158,6 @@ def balanced_run(
         devices=devices,
         batch_split=split,
         notes=tuple(notes),
-        params=chosen or {},
     )
 
 

@@ -17,8 +17,9 @@ with `SPEC = StrategySpec(FACTS, nproc, parallelize)`, where
         applies the parallelism to the plain model (the six blocks of
         pipeline.resnet.resnet18), already on ctx.device; `plan` is the batch over
         this job's data-parallel ranks, `autocast` the run's arithmetic (a context factory).
-        A setting the run decides once at its start (`auto`) is left to the run's
-        `at_start`, which the run calls before its first step (numerics/build.py `started`)
+        What the strategy can do only once the checkpoint is restored and the loop's speed
+        options apply (a broadcast from rank 0, a setting measured once per run) is left
+        to the run's `at_start`, called before the first step (numerics/build.py `started`)
 
 `StrategySpec` is generic in the options type, so where a module builds its SPEC mypy checks
 that both builders take the section its FACTS name (tests/unit/test_strategy_types.py).
@@ -27,10 +28,10 @@ The Trainer (pipeline/training/trainer.py) branches on the type of the result, n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, Optional, TypeVar, Union, overload
 
 import torch
@@ -89,9 +90,8 @@ class StrategyFacts(Generic[OptionsT]):
 @dataclass(frozen=True)
 class LoopForward:
     """How the training loop runs a DataParallelRun's forward (pipeline/numerics/build.py),
-    for a strategy's measurement before training (`at_start`): the same compilation,
-    autocast, input layout and CUDA-graph step marker, so that it times the forward the run
-    will train with."""
+    for what a strategy measures at its `at_start`: the same compilation, autocast, input
+    layout and CUDA-graph step marker, so that it times the forward the run will train with."""
 
     # a strategy's forward as the loop calls it: compiled when train.compile
     prepare: Callable[[Forward], Forward]
@@ -114,12 +114,11 @@ class _Run:
     # None: the module's own
     full_state_dict: Optional[Callable[[], StateDict]] = None
     notes: tuple[str, ...] = ()  # facts for the record, e.g. "dp on 1 device: runs unsplit"
-    # values the strategy decided at run time (e.g. an auto-tuned setting), logged as params
-    params: Mapping[str, Any] = field(default_factory=dict)
-    # the strategy's last step of building, where it has one: run once before the first step,
-    # where the loop's speed options apply, with what an earlier process of this same run
-    # decided there (kept by its checkpoints; None on a fresh run) and the run's way to say a
-    # line. -> the run to train (which has none) and what it decided, for the checkpoints
+    # the strategy's last step of building, where it has one: run once on every rank after
+    # the checkpoint's restore and before the first step, where the loop's speed options
+    # apply, with what an earlier process of this same run decided there (`Decided`, kept by
+    # its checkpoints; None on a fresh run) and the run's way to say a line. -> the run to
+    # train (which has none) and what it decided, for the checkpoints to keep
     at_start: Optional[AtStart] = None
     # drops what the strategy keeps of its process groups beyond the model (a DeviceMesh's
     # registry, which torch's global DTensor caches keep alive), so that destroying the groups
@@ -165,8 +164,17 @@ class PipelinedRun(_Run):
 
 
 Run = Union[DataParallelRun, PipelinedRun]
-Decided = dict[str, Any]  # what a run decided at its start, as JSON: the strategy's own keys
+# What a strategy decided once for a run at its `at_start`, as JSON: each setting's name ->
+# {"value": what it decided, and whatever else the strategy keeps of it}. The checkpoints keep
+# it (checkpoint_policy.py), so a resume or a torchrun restart hands it back instead of deciding
+# again, and the run's MLflow params hold each value under its name (`decided_params`).
+Decided = dict[str, Any]
 AtStart = Callable[[LoopForward, Optional[Decided], Callable[[str], None]], tuple[Run, Decided]]
+
+
+def decided_params(decided: Optional[Decided]) -> dict[str, Any]:
+    """What a run decided at its start as MLflow params: each setting's value under its name."""
+    return {name: setting["value"] for name, setting in (decided or {}).items()}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pipeline.config import Config
 from pipeline.context import DistContext
 from pipeline.strategies import balanced_dp
 from pipeline.strategies import gpu0_autotune as autotune
-from pipeline.strategies.base import LoopForward
+from pipeline.strategies.base import LoopForward, decided_params
 from pipeline.strategies.gpu0_autotune import (
     CHOSEN_KEY,
     Measurement,
@@ -235,24 +235,25 @@ def test_nproc_does_not_compare_auto_with_the_micro_batch():
 
 
 def settled(par):
-    """The run as its `at_start` leaves a fresh one: measured, then applied."""
-    run, _ = par.at_start(EAGER, None, lambda line: None)
-    return run
+    """The run as its `at_start` leaves a fresh one: measured, then applied; and the MLflow
+    params of what it decided."""
+    run, decided = par.at_start(EAGER, None, lambda line: None)
+    return run, decided_params(decided)
 
 
 def test_auto_is_left_to_settle_and_a_set_value_is_not():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
     assert parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config(8), cpu).at_start is None
     par = parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu)
-    assert par.at_start is not None and par.params == {}
+    assert par.at_start is not None
     assert not any(note.startswith(CHOSEN_KEY) for note in par.notes)
 
 
 def test_parallelize_on_cpu_resolves_auto_to_the_even_split():
     cpu = DistContext(rank=0, local_rank=0, world_size=1, gpus=())
-    par = settled(parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu))
+    par, params = settled(parallelize(balanced_dp.SPEC, nn.Linear(3, 2), config("auto"), cpu))
     assert par.batch_split == [16] and par.forward.gpu0_bsz is None and par.at_start is None
-    assert par.params == {CHOSEN_KEY: None}
+    assert params == {CHOSEN_KEY: None}
     assert any(note.startswith(f"{CHOSEN_KEY}=null") for note in par.notes)
 
 
@@ -275,14 +276,14 @@ def test_parallelize_with_three_gpus_uses_the_measured_choice(monkeypatch):
         balanced_dp.SPEC, nn.Linear(3, 2), config("auto", batch_size=16, grad_accum=1), three_gpus
     )
     assert not seen  # nothing measured until the run is settled
-    par = settled(unsettled)
+    par, params = settled(unsettled)
     assert par.forward is unsettled.forward  # the module build.py compiled takes the value
     assert seen["micro"] == 16 and seen["options"] == [6, 4, 3, 1, 0]
     assert [str(d) for d in seen["devices"]] == ["cuda:0", "cuda:1", "cuda:2"]
     assert seen["wrapped"] == 4
     # all within 5%; peaks max(500 + 40 s, 600): 740, 660, 620, 600, 600: 1 and 0 tie, 1 is faster
     assert par.forward.gpu0_bsz == 1 and par.batch_split == [1, 8, 7]
-    assert par.params == {CHOSEN_KEY: 1}
+    assert params == {CHOSEN_KEY: 1}
     assert (
         par.notes[0] == "balanced_dp: each micro-batch of 16 is split 1+8+7 over cuda:0, "
         "cuda:1, cuda:2"

@@ -24,6 +24,7 @@ from pipeline.data.download import convert
 from pipeline.numerics.build import build_training
 from pipeline.run_spec import resolve_run
 from pipeline.strategies import gpu0_autotune
+from pipeline.strategies.base import decided_params
 from pipeline.strategies.gpu0_autotune import CHOSEN_KEY
 
 # one process, no process group: DCP says it saves and loads locally, as meant here
@@ -74,7 +75,8 @@ class Start:
 def test_measured_once_kept_in_the_checkpoint_and_reused_on_resume(data, tmp_path, monkeypatch):
     first = Start(data, tmp_path, monkeypatch)
     assert first.measured == 1 and first.training.run.at_start is None
-    assert first.training.run.params == {CHOSEN_KEY: 8} and first.chosen_notes() == [CHOSEN]
+    assert decided_params(first.progress.decided) == {CHOSEN_KEY: 8}
+    assert first.chosen_notes() == [CHOSEN]
     assert first.training.forward.gpu0_bsz == 8  # the forward the loop calls
     assert not any("reused" in line for line in first.lines)
     record = first.save(1)
@@ -82,7 +84,7 @@ def test_measured_once_kept_in_the_checkpoint_and_reused_on_resume(data, tmp_pat
 
     resumed = Start(data, tmp_path, monkeypatch)
     assert resumed.measured == 0 and resumed.progress.position == Position(1, 0)
-    assert resumed.training.run.params == first.training.run.params
+    assert resumed.progress.decided == first.progress.decided
     assert resumed.training.notes == first.training.notes  # the profile's notes, once
     assert resumed.training.forward.gpu0_bsz == 8
     (line,) = [line for line in resumed.lines if CHOSEN_KEY in line]
@@ -100,7 +102,7 @@ def test_a_torchrun_restart_before_the_first_checkpoint_takes_the_first_attempts
     assert not (tmp_path / "latest.json").exists()
 
     restarted = Start(data, tmp_path, monkeypatch, restart=1)
-    assert restarted.measured == 0 and restarted.training.run.params == {CHOSEN_KEY: 8}
+    assert restarted.measured == 0 and decided_params(restarted.progress.decided) == {CHOSEN_KEY: 8}
     assert restarted.chosen_notes() == [CHOSEN]
     assert any(line.startswith(f"{CHOSEN_KEY}=8: reused") for line in restarted.lines)
 
