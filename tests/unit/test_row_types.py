@@ -1,6 +1,8 @@
 """The comparison table's rows are typed (pipeline/reporting/row.py, `Row`): a misspelled or
-undeclared key read from a row, or a figure of the wrong type, is a mypy error, so `make
-lint` refuses it; and the type declares exactly the keys table.comparison_rows makes."""
+undeclared key read from a row, with [] or with .get (which mypy alone lets through: the
+project's plugin, tools/mypy_typeddict_keys.py, refuses it), or a figure of the wrong type, is
+a mypy error, so `make lint` refuses it; and the type declares exactly the keys
+table.comparison_rows makes."""
 
 import subprocess
 import sys
@@ -24,6 +26,8 @@ SNIPPET = textwrap.dedent(
         busiest = max(peaks.values(), default=0.0) + row["test_acc"]
         row["speedup_within_noise"] = None
         row["strategyy"]  # error: no such key
+        if row.get("speed_notee"):  # error: no such key (tools/mypy_typeddict_keys.py)
+            pass
         row["eval_cpu0_share"]  # error: run_summary never writes it (no eval share on a CPU)
         row["steady_epoch_s"] + 1.0  # error: None where there is no steady epoch
         row["mlflow_run_id"] = 3  # error: a run id is text
@@ -36,7 +40,8 @@ SNIPPET = textwrap.dedent(
 def test_a_misspelled_row_key_is_a_type_error(tmp_path):
     snippet = tmp_path / "row_reader.py"
     snippet.write_text(SNIPPET)
-    # the snippet imports row.py alone (typing's names): about 1 s, no cache to copy
+    # the snippet imports row.py alone (typing's names): about 2 s, no cache to copy; the
+    # project's config, so its plugin too
     proc = subprocess.run(
         [
             sys.executable,
