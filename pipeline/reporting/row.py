@@ -1,13 +1,15 @@
 """The comparison table's row, typed: one strategy's summary.json figures and the
 cross-strategy ones (table.comparison_rows makes it; every reporting module reads it). A
 TypedDict, not a dataclass: the row stays the plain dict comparison.json writes key by key,
-and mypy checks every key read from it, so a misspelled key fails `make lint`
-(tests/unit/test_row_types.py holds that)."""
+and mypy checks every key read from it, with [] or (tools/mypy_typeddict_keys.py) .get, so a
+misspelled key fails `make lint` (tests/unit/test_row_types.py holds that)."""
 
 # no `from __future__ import annotations`: as strings, Python 3.11's TypedDict cannot see
 # NotRequired, and Row.__required_keys__ (which tests/unit/test_row_types.py reads) would be
 # wrong
-from typing import Any, Literal, NotRequired, Optional, TypedDict
+from typing import Literal, NotRequired, Optional, TypedDict
+
+from pipeline.results import SpeedFeatures
 
 # pipeline.memory.run_summary's memory_kind: "gpu" (allocated by tensors), "cpu" (peak RSS
 # per process), "none" (epochs recorded before memory was measured)
@@ -53,8 +55,7 @@ class Row(MemoryFigures):
     steady_samples_per_s_spread: Optional[float]
     steady_core_wait: Optional[float]
     core_wait: Optional[float]
-    # RunSummary.speed_features: precision, channels_last, compile, cuda_graphs
-    speed_features: dict[str, Any]
+    speed_features: SpeedFeatures  # RunSummary.speed_features
     steady_basis: str
     speed_note: Optional[str]
     speedup_vs_single: Optional[float]

@@ -25,6 +25,7 @@ from pipeline.results import (
     WARMUP_STANDS_IN,
     EpochRow,
     RunSummary,
+    SpeedFeatures,
     core_wait,
     steady_rows,
     steady_spread,
@@ -194,7 +195,7 @@ def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> 
     return cell
 
 
-def features_text(features: dict[str, Any]) -> str:
+def features_text(features: SpeedFeatures) -> str:
     """A run's speed options as they applied (RunSummary.speed_features), in a few words:
     "bf16, channels_last, compile (reduce-overhead), CUDA graphs of compile"; "n/a" for
     results written before they were recorded."""
