@@ -112,7 +112,7 @@ test: install  ## every test, as CI runs it (CPU; see docs/testing.md for what i
 test-fast: install  ## tests/unit: pure functions and single-process tests, under 3 minutes
 	$(PYTEST) tests/unit
 
-lint: install  ## ruff (lint and format check) and mypy over the package and the benchmarks
+lint: install  ## ruff (lint and format check) and mypy over the package, the benchmarks and tools/
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy

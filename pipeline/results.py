@@ -26,7 +26,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, TypedDict
 
 import yaml
 
@@ -111,6 +111,17 @@ METRIC_COLUMNS = tuple(c for c in HISTORY_COLUMNS if c not in ("epoch", "ended_a
 OPTIONAL_COLUMNS = ("core_wait",)  # None where not measured: an empty history.csv cell
 
 
+class SpeedFeatures(TypedDict, total=False):
+    """The speed options as they applied to a run, after every fallback
+    (numerics/build.py `speed_features`); {} in results written before they were recorded."""
+
+    precision: str  # the one that ran (train.precision after its fallback): fp32, bf16, ...
+    channels_last: bool
+    compile: str  # its mode, or "off"
+    # "none", "compile": compile's per forward and backward, "step": the whole step
+    cuda_graphs: Literal["none", "compile", "step"]
+
+
 @dataclass
 class RunSummary:
     """results/<strategy>/summary.json: the run's final figures."""
@@ -137,10 +148,8 @@ class RunSummary:
     steady_basis: str = "steady"
     # why a speed figure is empty or includes warm-up, in words; None: neither
     speed_note: Optional[str] = None
-    # the speed options as they applied, after every fallback: precision, channels_last,
-    # compile (its mode or "off"), cuda_graphs ("none", "compile": compile's per forward and
-    # backward, "step": the whole step)
-    speed_features: dict[str, Any] = field(default_factory=dict)
+    # the speed options as they applied, after every fallback (`SpeedFeatures`)
+    speed_features: SpeedFeatures = field(default_factory=lambda: SpeedFeatures())
     # pipeline.memory.run_summary: memory_kind, peak_memory_mib, peak_reserved_mib,
     # mem_imbalance and device 0's share ("gpu0_share" or "cpu0_share") of the training
     # steps; the same of evaluation prefixed "eval_" (eval_peak_memory_mib, ...)

@@ -31,6 +31,7 @@ from pipeline.numerics.precision import (
 from pipeline.numerics.speed_defaults import cuda_graph_choice
 from pipeline.numerics.torch_compile import compile_forward, graph_step_marker, mode_that_runs
 from pipeline.resnet import build_model
+from pipeline.results import SpeedFeatures
 from pipeline.run_spec import RunSpec
 from pipeline.strategies.base import (
     DataParallelRun,
@@ -61,7 +62,7 @@ class Training:
     # run (the one `started` leaves, which may say what it decided) before them
     built_notes: tuple[str, ...]
     # the speed options as they applied (`speed_features`): the report and MLflow tags
-    features: dict[str, Any]
+    features: SpeedFeatures
     prec: Precision
     loader: Batches
     optimizer: torch.optim.Optimizer
@@ -184,7 +185,7 @@ def speed_features(
     cuda_graphs: bool,
     graphed: bool,
     device: torch.device,
-) -> dict[str, Any]:
+) -> SpeedFeatures:
     """The speed options a run applied, after every fallback, as summary.json's
     `speed_features` and the MLflow tags `speed.<key>` carry them, so a comparison can say
     when two runs differ in more than their strategy. `compile_mode`: the mode the forward

@@ -227,7 +227,7 @@ class RunRecorder:
             # steady figures leave out every warm-up epoch (results.steady_rows), and a split
             # one always; where none is left they are None, speed_note saying why
             **speed_figures(history),
-            speed_features=dict(self.training.features),
+            speed_features=self.training.features.copy(),
             memory=memory.run_summary([r.memory for r in history]),
             notes=list(self.notes),
             shared_devices=dict(self.shared),

@@ -44,6 +44,7 @@ from pipeline.reporting.memory_noise import MemoryFloor, memory_floor
 from pipeline.reporting.notes_accuracy import drop_explained
 from pipeline.reporting.objectives import OBJECTIVES, Floors, Objective
 from pipeline.reporting.objectives import and_names as _and
+from pipeline.reporting.row import Row
 from pipeline.reporting.speed_noise import (
     SpeedFloor,
     busy_words,
@@ -52,7 +53,7 @@ from pipeline.reporting.speed_noise import (
     speed_floor,
     speedup_within_noise,
 )
-from pipeline.reporting.table import BASELINE, Row, features_text
+from pipeline.reporting.table import BASELINE, features_text
 from pipeline.results import WARMUP_STANDS_IN, device_of
 from pipeline.strategies import KNOWN
 from pipeline.tracking.comparison_run import RECOMMENDED, Registration
@@ -427,10 +428,11 @@ def _notes_claim(
         missing = " and ".join(n for n, r in ((BASELINE, single), ("dp", dp)) if r is None)
         # not run, or out of device memory (listed apart: did_not_fit.py)
         return f"{claim} Here: not measured ({missing}: no run compared).", {}
-    unsteady = [n for n, r in ((BASELINE, single), ("dp", dp)) if r["steady_epoch_s"] is None]
-    if unsteady:  # their notes say why
+    single_s, dp_s = single["steady_epoch_s"], dp["steady_epoch_s"]
+    if single_s is None or dp_s is None:  # their notes say why
+        unsteady = [n for n, s in ((BASELINE, single_s), ("dp", dp_s)) if s is None]
         return f"{claim} Here: not measured (no steady figure: {' and '.join(unsteady)}).", {}
-    up = single["steady_epoch_s"] / dp["steady_epoch_s"]
+    up = single_s / dp_s
     delta = dp["test_acc"] - single["test_acc"]
     kind = "GPU" if single.get("memory_kind") == "gpu" else "CPU device"
 
@@ -439,7 +441,7 @@ def _notes_claim(
         return f"{n} {kind}{'s' if n != 1 else ''} ({', '.join(row['devices'])})"
 
     verdict = accuracy_verdict(delta, pair_noise(noise.get("dp"), noise.get(BASELINE)))
-    measured = {
+    measured: dict[str, object] = {
         "dp_devices": dp["n_devices"],
         "single_devices": single["n_devices"],
         "single_epoch_s": single["steady_epoch_s"],

@@ -4,9 +4,10 @@ only the busiest device's peak). Pure functions over table.comparison_rows' rows
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Optional
 
-from pipeline.reporting.table import Row, html_rows, markdown
+from pipeline.reporting.row import Row
+from pipeline.reporting.table import html_rows, markdown
 
 
 def headers(memory_kind: str) -> list[str]:
@@ -24,7 +25,7 @@ def headers(memory_kind: str) -> list[str]:
     return ["strategy", "process", *rss, "training max/mean"]
 
 
-def _mib(figures: Any, label: str) -> str:
+def _mib(figures: Optional[dict[str, float] | str], label: str) -> str:
     """One device's figure; a phase that has no figure says why (results.NOT_SEPARABLE), one
     not measured (results from before it was) reads n/a."""
     if isinstance(figures, str):

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pipeline.reporting.row import Row
 from pipeline.reporting.speed_noise import null_group, relative_spread
-from pipeline.reporting.table import Row, busiest
+from pipeline.reporting.table import busiest
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,9 @@ def memory_floor(rows: Sequence[Row]) -> MemoryFloor:
     if len(peaks) < 2:  # no A/A group: no floor, whatever one run's epochs say
         return MemoryFloor(group, peaks, None)
     epochs = {
-        n: by_name[n]["peak_memory_spread_mib"] / mib
+        n: spread / mib
         for n, mib in peaks.items()
-        if by_name[n].get("peak_memory_spread_mib") is not None and mib > 0
+        if (spread := by_name[n].get("peak_memory_spread_mib")) is not None and mib > 0
     }
     across = relative_spread(list(peaks.values()))
     known = [x for x in (across, *epochs.values()) if x is not None]

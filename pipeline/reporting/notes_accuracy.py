@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.reporting.table import Row
+from pipeline.reporting.row import Row
 
 # note 004's two runs (its `train(net, num_gpus=..., batch_size=..., lr=...)` calls)
 NOTES_RUNS = {

@@ -15,8 +15,8 @@ from typing import Optional
 
 from pipeline.reporting import memory_noise
 from pipeline.reporting.memory_noise import MemoryFloor
+from pipeline.reporting.row import Row
 from pipeline.reporting.speed_noise import SpeedFloor, floor_reason, within_floor
-from pipeline.reporting.table import Row
 
 # the word a record's text names the devices with: "GPU", or "process" on the CPU
 Device = str

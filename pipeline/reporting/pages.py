@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.reporting import answer, device_table, table
 from pipeline.reporting.plots import PLOTS
-from pipeline.reporting.table import Row
+from pipeline.reporting.row import Row
 from pipeline.results import NOT_SEPARABLE
 from pipeline.tracking.comparison_run import Comparison, Registration
 

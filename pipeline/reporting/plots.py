@@ -14,7 +14,8 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.files import atomic_write  # noqa: E402
-from pipeline.reporting.table import BASELINE, Row  # noqa: E402
+from pipeline.reporting.row import Row  # noqa: E402
+from pipeline.reporting.table import BASELINE  # noqa: E402
 from pipeline.results import WARMUP_STANDS_IN, EpochRow  # noqa: E402
 from pipeline.strategies import KNOWN  # noqa: E402
 

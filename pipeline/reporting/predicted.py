@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the predict stage shows these tables too, and runs none of table.py
-    from pipeline.reporting.table import Row
+    from pipeline.reporting.row import Row
 
 # the settings a prediction was made at, as the run's config.yaml names them
 SETTINGS = ("model.width", "train.batch_size", "train.grad_accum", "train.precision")

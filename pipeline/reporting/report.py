@@ -32,8 +32,8 @@ from pipeline.reporting import predicted as predicted_section
 from pipeline.reporting import unfit as unfit_section
 from pipeline.reporting.pages import html_page, markdown_page, with_appendix
 from pipeline.reporting.plots import PLOTS, write_plots
+from pipeline.reporting.row import OptionalFigure, Row
 from pipeline.reporting.speed_noise import speedup_within_noise
-from pipeline.reporting.table import Row
 from pipeline.results import read_config, read_history, read_summary
 from pipeline.strategies import NAMES, OPT_IN, check_names
 from pipeline.tracking.comparison_run import (
@@ -51,7 +51,7 @@ from pipeline.tracking.provenance import base_tags
 
 REPORTS = Path("reports")
 # the figures MLflow gets per strategy run, beside its per-epoch metrics
-CHILD_METRICS = (
+CHILD_METRICS: tuple[OptionalFigure, ...] = (
     "warmup_epoch_s",
     "steady_epoch_s",
     "steady_samples_per_s",
@@ -221,7 +221,7 @@ def register(
 
 
 def child_metrics(row: Row) -> dict[str, float]:
-    return {k: row[k] for k in CHILD_METRICS if row[k] is not None}
+    return {k: v for k in CHILD_METRICS if (v := row[k]) is not None}
 
 
 def child_tags(row: Row) -> dict[str, str]:

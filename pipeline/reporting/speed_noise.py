@@ -33,22 +33,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pipeline.core_wait import BUSY_WAIT, busy
-from pipeline.reporting.table import BASELINE, Row
+from pipeline.reporting.row import Row
+from pipeline.reporting.table import BASELINE
 
 # the strategies that, on one device, run single's computation in one process: DataParallel
 # calls the module itself when it has one device (torch's data_parallel.py), and
 # balanced_dp's share for device 0 is then the whole batch
 SAME_AS_SINGLE_ON_ONE_DEVICE = ("dp", "balanced_dp")
 # the speed objectives the floor applies to, and each one's figure (a row key) and sense
-FIGURES: dict[str, tuple[str, bool]] = {
+FIGURES: dict[str, tuple[Literal["steady_samples_per_s", "time_to_target_s"], bool]] = {
     "throughput": ("steady_samples_per_s", False),  # (key, lower is better)
     "fastest_to_target": ("time_to_target_s", True),
 }
 # the load over the epochs each objective's figure is taken over (table.comparison_rows)
-LOADS = {"throughput": "steady_core_wait", "fastest_to_target": "core_wait"}
+LOADS: dict[str, Literal["steady_core_wait", "core_wait"]] = {
+    "throughput": "steady_core_wait",
+    "fastest_to_target": "core_wait",
+}
 # each figure as the floor's reason line shows the A/A group's
 SHOWN: dict[str, Callable[[float], str]] = {
     "throughput": lambda v: f"{v:.0f} samples/s",
@@ -173,15 +177,16 @@ def speed_floor(rows: Sequence[Row]) -> SpeedFloor:
     waits: dict[str, dict[str, float]] = {}
     for objective, (key, _) in FIGURES.items():
         measured = {
-            n: by_name[n][key]
+            n: value
             for n in group
-            if by_name[n].get(key) is not None and machine_busy(by_name[n], objective) is None
+            if (value := by_name[n].get(key)) is not None
+            and machine_busy(by_name[n], objective) is None
         }
         figures[objective] = measured
         aa[objective] = relative_spread(list(measured.values()))
         timed = [r for r in rows if r.get(key) is not None and machine_busy(r, objective) is None]
         waits[objective] = {
-            r["strategy"]: r[LOADS[objective]] for r in timed if r.get(LOADS[objective]) is not None
+            r["strategy"]: wait for r in timed if (wait := r.get(LOADS[objective])) is not None
         }
         load[objective] = load_floor(list(waits[objective].values()))
         floors[objective] = widened(aa[objective], load[objective])

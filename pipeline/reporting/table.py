@@ -17,21 +17,36 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Literal, Optional, cast
 
 from pipeline.core_wait import BUSY_WAIT, busy
+from pipeline.reporting.row import MemoryFigures, Row
 from pipeline.results import (
     WARMUP_STANDS_IN,
     EpochRow,
     RunSummary,
+    SpeedFeatures,
     core_wait,
     steady_rows,
     steady_spread,
 )
 
 BASELINE = "single"
-Row = dict[str, Any]  # one strategy's row: its summary.json figures and the cross-strategy ones
 Cell = Callable[[Any, Row], str]  # (the row's value under the column's key, the row) -> text
+# the row keys the main and the printed tables have a column of
+ColumnKey = Literal[
+    "strategy",
+    "n_devices",
+    "batch_split",
+    "steady_epoch_s",
+    "steady_samples_per_s",
+    "speedup_vs_single",
+    "test_acc",
+    "time_to_target_s",
+    "peak_memory_mib",
+    "speed_features",
+]
+Column = tuple[ColumnKey, str, Cell]  # (row key, header, cell text)
 # how a speed cell says it has no figure, and that it is taken over warm-up epochs: in the
 # report, and in the printed table (which a footnote explains)
 SPELLED, TERSE = ("none (see notes)", " (warm-up)"), ("none", "*")
@@ -91,10 +106,10 @@ def delta(value: float, base: Optional[float]) -> Optional[float]:
 
 def comparison_rows(
     results: list[RunSummary], histories: dict[str, list[EpochRow]], target: Optional[float]
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """One row per strategy: its summary.json figures plus the cross-strategy columns."""
     base = next((r for r in results if r.strategy == BASELINE), None)
-    rows = []
+    rows: list[Row] = []
     for r in results:
         # ranks that took turns on one GPU ran no faster or slower for it: no speedup
         up = (
@@ -145,13 +160,21 @@ def comparison_rows(
                 "eval_peak_memory_mib": {},
                 # memory_kind, peak_memory_mib, peak_reserved_mib, mem_imbalance and device 0's
                 # share of the peak memory ("gpu0_share", or "cpu0_share" on the CPU), of the
-                # training steps; the same of evaluation prefixed "eval_"
-                **r.memory,
+                # training steps; the same of evaluation prefixed "eval_". The ignore: mypy
+                # cannot tell that they never hold speedup_within_noise (report.py sets it)
+                **memory_figures(r.memory),  # type: ignore[typeddict-item]
                 "mlflow_run_id": None,  # the compare stage looks it up (tracking/kept_runs.py)
                 "notes": [*r.notes, *([f"speed: {r.speed_note}"] if r.speed_note else [])],
             }
         )
     return rows
+
+
+def memory_figures(memory: dict[str, Any]) -> MemoryFigures:
+    """RunSummary.memory as the row types it: summary.json's JSON, which
+    pipeline.memory.run_summary wrote with these keys (row.MemoryFigures), taken as it is,
+    every key in its order (comparison.json writes them so)."""
+    return cast(MemoryFigures, memory)
 
 
 def _num(spec: str, suffix: str = "") -> Cell:
@@ -163,7 +186,7 @@ def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> 
     why; a steady figure taken over warm-up epochs is marked so (`marks`: the two words)."""
     empty, warm = marks
 
-    def cell(v: Optional[float], row: dict[str, Any]) -> str:
+    def cell(v: Optional[float], row: Row) -> str:
         if v is None:
             return empty if row.get("speed_note") else "n/a"
         marked = steady and row.get("steady_basis") == WARMUP_STANDS_IN
@@ -172,7 +195,7 @@ def _speed(spec: str, steady: bool = True, marks: tuple[str, str] = SPELLED) -> 
     return cell
 
 
-def features_text(features: dict[str, Any]) -> str:
+def features_text(features: SpeedFeatures) -> str:
     """A run's speed options as they applied (RunSummary.speed_features), in a few words:
     "bf16, channels_last, compile (reduce-overhead), CUDA graphs of compile"; "n/a" for
     results written before they were recorded."""
@@ -190,20 +213,20 @@ def features_text(features: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _target_cell(v: Optional[float], row: dict[str, Any]) -> str:
+def _target_cell(v: Optional[float], row: Row) -> str:
     return "not reached" if v is None else f"{v:.1f} s (epoch {row['epoch_to_target']})"
 
 
 _steady_s, _warmup_s = _speed(".2f"), _speed(".2f", steady=False)
 
 
-def _epoch_seconds_cell(v: Optional[float], row: dict[str, Any]) -> str:
+def _epoch_seconds_cell(v: Optional[float], row: Row) -> str:
     """The steady epoch and, in brackets, epoch 1's (its one-off start costs): one column."""
     steady, warmup = _steady_s(v, row), _warmup_s(row["warmup_epoch_s"], row)
     return steady if warmup == steady and v is None else f"{steady} ({warmup})"
 
 
-def _speedup_cell(v: Optional[float], row: dict[str, Any]) -> str:
+def _speedup_cell(v: Optional[float], row: Row) -> str:
     if v is None:
         return "n/a (shared-device)" if row.get("shared_devices") else "n/a"
     # within the A/A noise floor (the compare stage sets it; speed_noise.py): no real speedup
@@ -219,12 +242,12 @@ def _busy_flag(row: Row) -> Optional[str]:
     return "machine busy: not ranked" if busy(row.get("steady_core_wait")) else None
 
 
-def _accuracy_cell(v: float, row: dict[str, Any]) -> str:
+def _accuracy_cell(v: float, row: Row) -> str:
     delta = row["acc_delta_vs_single"]
     return f"{v:.4f}" + ("" if delta is None else f" ({delta:+.4f})")
 
 
-def busiest(row: dict[str, Any]) -> Optional[tuple[str, float]]:
+def busiest(row: Row) -> Optional[tuple[str, float]]:
     """(device, MiB) of the strategy's highest training peak; None when not measured."""
     peaks = row.get("peak_memory_mib") or {}
     if not isinstance(peaks, dict) or not peaks:
@@ -233,12 +256,12 @@ def busiest(row: dict[str, Any]) -> Optional[tuple[str, float]]:
     return label, peaks[label]
 
 
-def _busiest_mib(row: dict[str, Any]) -> Optional[float]:
+def _busiest_mib(row: Row) -> Optional[float]:
     top = busiest(row)
     return None if top is None else top[1]
 
 
-def _busiest_cell(v: Any, row: dict[str, Any]) -> str:
+def _busiest_cell(v: Any, row: Row) -> str:
     top = busiest(row)
     return "n/a" if top is None else f"{top[1]:.0f} ({top[0]})"
 
@@ -248,7 +271,7 @@ def _devices_cell(v: int, row: Row) -> str:
     return f"{v} ({row['world_size']}{', shared-device' if row.get('shared_devices') else ''})"
 
 
-def columns(target: Optional[float], memory_kind: str) -> list[tuple[str, str, Cell]]:
+def columns(target: Optional[float], memory_kind: str) -> list[Column]:
     """(row key, header, cell text) for every column of the main table: one row per strategy,
     a bounded number of columns whatever the devices (each device's memory is the per-device
     table's, reporting/device_table.py)."""
@@ -325,7 +348,7 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
     characters for 8 GPUs on 2 nodes (tests/unit/test_report_fits.py checks it)."""
     reach = "to target" if target is None else f"to acc {target:g}"
     marked = _speed(".2f", marks=TERSE), _speed(".0f", marks=TERSE)
-    cols: list[tuple[str, str, Cell]] = [
+    cols: list[Column] = [
         ("strategy", "strategy", lambda v, row: v),
         ("n_devices", "devices", _devices_cell),
         ("steady_epoch_s", "s/epoch", marked[0]),
@@ -351,7 +374,7 @@ def text_table(rows: list[Row], target: Optional[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_json(rows: list[Row]) -> dict[str, dict[str, Any]]:
+def summary_json(rows: list[Row]) -> dict[str, dict[str, Optional[float]]]:
     """reports/summary.json, the project's one DVC metrics file: four figures per strategy,
     each keyed by strategy: final test accuracy ("acc"), steady samples/s ("sps"), the run's
     wall seconds ("total_s") and the busiest device's training peak in MiB ("peak_mib").
@@ -366,7 +389,7 @@ def summary_json(rows: list[Row]) -> dict[str, dict[str, Any]]:
     }
 
 
-def comparison_json(rows: list[Row]) -> dict[str, Row]:
+def comparison_json(rows: list[Row]) -> dict[str, dict[str, object]]:
     """reports/comparison.json (a plain output): every column of every row, keyed by
     strategy, for tools."""
     skip = {"strategy", "notes"}

@@ -1,0 +1,1 @@
+../../../pipeline/reporting/row.py
