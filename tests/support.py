@@ -563,3 +563,31 @@ def fresh_python(code: str) -> Any:
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     ).stdout
     return json.loads(out)
+
+
+def mypy_flags(source: str, tmp_path: Path, timeout: int = 300) -> tuple[list[int], list[int], str]:
+    """mypy (the project's config, its plugin too) on `source` written to tmp_path: -> the
+    lines it flags, the lines marked `# error:` in the source, and mypy's output."""
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(source)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(snippet),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    flagged = sorted(
+        {int(line.split(":")[1]) for line in proc.stdout.splitlines() if ": error:" in line}
+    )
+    marked = [i for i, line in enumerate(source.splitlines(), 1) if "# error:" in line]
+    return flagged, marked, proc.stdout

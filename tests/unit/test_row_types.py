@@ -4,15 +4,13 @@ project's plugin, tools/mypy_typeddict_keys.py, refuses it), or a figure of the 
 a mypy error, so `make lint` refuses it; and the type declares exactly the keys
 table.comparison_rows makes."""
 
-import subprocess
-import sys
 import textwrap
 
 from test_report_table import history, metrics
 
 from pipeline.reporting import table
 from pipeline.reporting.row import Row
-from support import REPO, run_summary
+from support import mypy_flags, run_summary
 
 SNIPPET = textwrap.dedent(
     """
@@ -38,32 +36,10 @@ SNIPPET = textwrap.dedent(
 
 
 def test_a_misspelled_row_key_is_a_type_error(tmp_path):
-    snippet = tmp_path / "row_reader.py"
-    snippet.write_text(SNIPPET)
     # the snippet imports row.py alone (typing's names): about 2 s, no cache to copy; the
     # project's config, so its plugin too
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--config-file",
-            str(REPO / "pyproject.toml"),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            str(snippet),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = SNIPPET.splitlines()
-    flagged = sorted(
-        {int(line.split(":")[1]) for line in proc.stdout.splitlines() if ": error:" in line}
-    )
-    expected = [i for i, line in enumerate(lines, 1) if "# error:" in line]
-    assert flagged == expected, proc.stdout
+    flagged, expected, output = mypy_flags(SNIPPET, tmp_path, timeout=120)
+    assert flagged == expected, output
 
 
 def test_the_type_declares_the_keys_the_table_makes():

@@ -3,11 +3,9 @@ where its module builds its SPEC (pipeline/strategies/base.py, `StrategySpec`), 
 lint` refuses it before any run would call a builder with the wrong section."""
 
 import shutil
-import subprocess
-import sys
 import textwrap
 
-from support import REPO
+from support import REPO, mypy_flags
 
 SNIPPET = textwrap.dedent(
     """
@@ -70,32 +68,10 @@ SNIPPET = textwrap.dedent(
 
 
 def test_a_builder_for_another_section_is_a_type_error(tmp_path):
-    snippet = tmp_path / "bad_strategy.py"
-    snippet.write_text(SNIPPET)
     # A copy of `make lint`'s cache, where it has run (CI runs it first): 1 s instead of 18 s
     # spent reading torch's types again. mypy checks each entry against its source, so a stale
     # one costs time, never a wrong answer.
     if (REPO / ".mypy_cache").is_dir():
         shutil.copytree(REPO / ".mypy_cache", tmp_path / "cache")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--config-file",
-            str(REPO / "pyproject.toml"),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            str(snippet),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = SNIPPET.splitlines()
-    flagged = sorted(
-        {int(line.split(":")[1]) for line in proc.stdout.splitlines() if ": error:" in line}
-    )
-    expected = [i for i, line in enumerate(lines, 1) if "# error:" in line]
-    assert flagged == expected, proc.stdout
+    flagged, expected, output = mypy_flags(SNIPPET, tmp_path, timeout=300)
+    assert flagged == expected, output
