@@ -21,9 +21,10 @@ Rows:
   ddp, fsdp, dp     world size 1 with --fast: the wrapper's overhead against `single` with the
                     same effective settings (a wrapper that cannot take one runs without it,
                     see notes, and is compared with a `single` that runs without it too).
-  single_fast+mlflow  single_fast with the project's MLflow tracker as the train stage runs it:
-                    system metrics sampled during the epoch, the epoch's metrics logged at its
-                    end, inside the timed epoch.
+  single_fast+mlflow  single_fast with the train stage's MLflow publisher process beside it,
+                    as the stage runs it: system metrics sampled during the epoch, the epoch's
+                    row appended to the run's stream at its end (inside the timed epoch) and
+                    pushed by the publisher.
 
 MFU = FLOPs trained per second (fwd+bwd per image from FlopCounterMode) over the peak of the
 row's arithmetic: the datasheet dense peak for a GPU listed in GPU_PEAKS, else a matmul peak
@@ -66,6 +67,7 @@ from pipeline.numerics.totals import Totals
 from pipeline.resnet import build_model
 from pipeline.results import EpochRow
 from pipeline.run_spec import resolve_run
+from pipeline.tracking import stream
 from pipeline.training.meter import wait_for_device
 from pipeline.training.trainer import Trainer
 
@@ -226,32 +228,33 @@ class ProjectRow:
                     seconds,
                 )
             )
-            self.tracker.publish_soon(self.history)
+            stream.epoch_ended(self.tracker.stream, self.history[-1])
         return time.perf_counter() - start
 
     def close(self) -> None:
         if self.tracker is not None:
-            self.tracker.close()
-            self.tracker.publish(self.history, status="FINISHED")
+            self.tracker.__exit__()  # its last push, then its files go
 
 
 def start_tracker(cfg: Config, ctx: DistContext, name: str, directory: Path):
-    """The train stage's tracker: a run in an MLflow store of its own (not the project's),
-    system metrics at report.system_metrics_interval_s."""
-    from pipeline.tracking.mlflow_run import MlflowTracker, new_record
+    """The train stage's MLflow side as it runs it: a publisher process following the run's
+    record and stream, in an MLflow store of its own (not the project's), system metrics at
+    report.system_metrics_interval_s."""
+    from pipeline.results import CHECKPOINTS, RUN_RECORD
+    from pipeline.tracking.mlflow_run import new_record, open_record
     from pipeline.tracking.provenance import base_tags, gpu_uuids
+    from pipeline.tracking.publisher import Publisher
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{directory / 'mlflow.db'}"
-    tracker = MlflowTracker(
-        directory / "run.json",
-        new_record(name, "bench", name, base_tags(), flatten(cfg)),
-        fresh=True,
-    )
-    tracker.publish([])
-    tracker.start_system_metrics(
-        cfg.report.system_metrics_interval_s, gpu_uuids(dict(enumerate(ctx.gpus))), resume=False
-    )
-    return tracker
+    with contextlib.chdir(directory):  # where the publisher finds the run's files
+        publisher = Publisher(name, 0.0, "bench")
+    publisher.make_store()
+    new = new_record(name, "bench", name, base_tags(), flatten(cfg))
+    open_record(directory / CHECKPOINTS / name / RUN_RECORD, new, fresh=True)
+    interval = cfg.report.system_metrics_interval_s
+    head = stream.Head(name, interval, gpu_uuids(dict(enumerate(ctx.gpus))), resume=False)
+    stream.open_stream(publisher.stream, head)
+    return publisher
 
 
 def flops_per_image(width: int) -> float:

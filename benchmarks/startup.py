@@ -85,7 +85,7 @@ PHASES = [
     ("training (the rest)", "first step", "trained"),
     ("results written", "trained", "results written"),
     ("workers' exit", "results written", "workers ended"),
-    # the stage's MLflow publisher (pipeline/tracking/relay.py) ends after the workers
+    # the stage's MLflow publisher (pipeline/tracking/publisher.py) ends after the workers
     ("final MLflow push", "workers ended", "published"),
     ("launcher's exit", "published", "exited"),
 ]

@@ -22,8 +22,9 @@ Commands (one module each, thin: arguments in, the work done by the subpackages)
     scaling/     the predict stage: a strategy at N devices, from one rank's real step
     strategies/  one module per strategy (single, dp, balanced_dp, ddp, fsdp,
                  pipeline_parallel) and the helpers only strategies use
-    tracking/    the MLflow run (MlflowTracker), the runs kept locally (kept_runs), system metrics,
-                 provenance tags, the comparison run (comparison_run)
+    tracking/    the MLflow run: its record (mlflow_run), the stage's stream and publisher,
+                 the push from disk (kept_runs), system metrics, provenance tags, the
+                 comparison run (comparison_run)
     reporting/   the compare stage's report (report.py: the answer, which strategy per
                  objective; the table, plots, pages) and the experiments table
 """

@@ -31,10 +31,9 @@ from pipeline.cli import exit_code, parse_args
 from pipeline.config import Config, config_from, launch_free, read_params, to_yaml
 from pipeline.errors import exit_on_user_error
 from pipeline.launch import horovod_run, slurm
-from pipeline.results import CHECKPOINTS, RUN_RECORD
 from pipeline.strategies import KNOWN, check_strategy, own_params
 from pipeline.timeline import mark
-from pipeline.tracking.relay import PUBLISHER_SLACK_S, Publisher
+from pipeline.tracking.publisher import Publisher
 from pipeline.tracking.store import check_tracking_uri, tracking_uri
 
 
@@ -91,11 +90,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     # what the workers train with: all but the dist.* overrides, which only shape the launch
     trained = launch_free(args.overrides)
     worker_cfg = cfg if trained == args.overrides else config_from(raw, trained)
-    # the stage's MLflow side, a process of its own (pipeline/tracking/relay.py), started
+    # the stage's MLflow side, a process of its own (pipeline/tracking/publisher.py), started
     # before torch is imported here
-    record = CHECKPOINTS / args.strategy / RUN_RECORD
-    bound_s = cfg.mlflow.final_sync_wait_s + PUBLISHER_SLACK_S
-    with Publisher(record, bound_s, cfg.mlflow.experiment) as publisher:
+    wait_s = cfg.mlflow.final_sync_wait_s
+    with Publisher(args.strategy, wait_s, cfg.mlflow.experiment) as publisher:
         from pipeline.launch import launcher
         from pipeline.tracking import stage_end
 

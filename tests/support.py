@@ -591,3 +591,37 @@ def mypy_flags(source: str, tmp_path: Path, timeout: int = 300) -> tuple[list[in
     )
     marked = [i for i, line in enumerate(source.splitlines(), 1) if "# error:" in line]
     return flagged, marked, proc.stdout
+
+
+class KeptRecord:
+    """A run's run.json, opened as its writer opens it (`open_record`) and pushed as its
+    publisher pushes it (`publish_run`, saving the record after each step): the tests' way
+    into MLflow without a stage."""
+
+    def __init__(self, path: Path, fingerprint: str = "f", name: str = "run", **kw: Any):
+        from pipeline.tracking.mlflow_run import new_record, open_record
+
+        self.path = path
+        params = kw.pop("params", {"lr": 0.1})
+        new = new_record(fingerprint, kw.pop("experiment", "tests"), name, {}, params)
+        open_record(path, new, fresh=kw.pop("fresh", True))
+        assert not kw, kw
+
+    @property
+    def record(self) -> dict[str, Any]:
+        from pipeline.tracking.mlflow_run import read_record
+
+        return read_record(self.path)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.record["run_id"]
+
+    def publish(self, history=(), artifacts=(), status=None, model=None) -> None:
+        from pipeline.tracking.mlflow_run import publish_run, write_record
+
+        record = self.record
+        if status is not None:
+            record["status"] = status
+        save = functools.partial(write_record, self.path, record)
+        publish_run(record, list(history), list(artifacts), save=save, model=model)

@@ -73,9 +73,10 @@ from pipeline.run_spec import resolve_run
 from pipeline.strategies.base import Launcher
 from pipeline.timeline import mark
 from pipeline.tracking.mlflow_run import read_record
-from pipeline.tracking.relay import EVENTS_ENV, STORE_READY_WAIT_S, Publisher
+from pipeline.tracking.publisher import STORE_READY_WAIT_S, Publisher
 from pipeline.tracking.stage_end import StageEnd
 from pipeline.tracking.store import tracking_uri
+from pipeline.tracking.stream import STREAM_ENV
 
 # how the workers start, where a benchmark compares the two (benchmarks/startup.py): fork
 # (the default) or spawn (where the CUDA driver was initialised in the launcher)
@@ -160,8 +161,8 @@ def validate(name: str, cfg: Config) -> Job:
 
 def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
     """Run the strategy's workers under torchrun's elastic agent, training with `worker_cfg`
-    (the stage's config without the dist.* overrides: launch_free), their run's MLflow events
-    going to `publisher`; how they ended. The caller holds the stage's lock
+    (the stage's config without the dist.* overrides: launch_free), their run's stream
+    followed by `publisher`; how they ended. The caller holds the stage's lock
     (`one_run_at_a_time`)."""
     from torch.distributed.launcher.api import elastic_launch
 
@@ -184,7 +185,7 @@ def launch(job: Job, worker_cfg: Config, publisher: Publisher) -> StageEnd:
     print(f"launch[{name}]: {job.nproc} process(es) on {where}", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="parallel-lab-launch-") as tmp,
-        workers_environment(gpus, job.nproc, Path(tmp), publisher.events) as files,
+        workers_environment(gpus, job.nproc, Path(tmp), publisher.stream) as files,
     ):
         forks = workers_can_fork(gpus, cuda_driver_initialised())
         start = os.environ.get(START_METHOD_ENV) or ("fork" if forks else "spawn")
@@ -257,22 +258,22 @@ def one_run_at_a_time(name: str, multi_node: bool) -> Iterator[None]:
 
 
 class WorkerFiles(NamedTuple):
-    """Where a worker's user error, the run's outcome and the run's MLflow events come back."""
+    """Where a worker's user error, the run's outcome and the run's stream come back."""
 
     error: Path
     outcome: Path
-    events: Path
+    stream: Path
 
 
 @contextmanager
 def workers_environment(
-    gpus: list[str], nproc: int, tmp: Path, events: Path
+    gpus: list[str], nproc: int, tmp: Path, stream: Path
 ) -> Iterator[WorkerFiles]:
     """This process's environment as the workers get it (they are its children), for the
     launch only: the next launch in the same process (the quickstart's) starts from the
-    user's again. Yields the files the workers answer through: two in `tmp`, and `events`,
+    user's again. Yields the files the workers answer through: two in `tmp`, and `stream`,
     the stage's MLflow publisher's."""
-    files = WorkerFiles(tmp / "error.txt", tmp / "outcome", events)
+    files = WorkerFiles(tmp / "error.txt", tmp / "outcome", stream)
     saved, saved_tempdir = dict(os.environ), tempfile.tempdir
     # torch.multiprocessing keeps a raised worker's error in a pytorch-errorfile-*.pickle of
     # the temporary directory and never removes it: in the stage's own, it goes with it
@@ -285,7 +286,7 @@ def workers_environment(
             PLACEMENT_ENV: ",".join(map(str, slots)),
             ERROR_FILE_ENV: str(files.error),
             OUTCOME_FILE_ENV: str(files.outcome),
-            EVENTS_ENV: str(files.events),
+            STREAM_ENV: str(files.stream),
         }
     )
     # the cores' even share where they are free, one thread a process where other work

@@ -45,14 +45,13 @@ from pipeline.recording.live import terminal_columns
 from pipeline.results import CHECKPOINTS, RESULTS, RunSummary
 from pipeline.run_spec import resolve_run
 from pipeline.timeline import mark
-from pipeline.tracking.relay import EVENTS_ENV
+from pipeline.tracking.stream import STREAM_ENV
 from pipeline.training.session import start
 
 TASKS = Path("/proc/self/task")
 # Name prefixes of the threads a gloo process group runs (its work loop and its transport's
 # event loop): they exist for as long as the group object does.
 COMM_THREADS = ("pt_gloo", "gloo_")
-GIL_SWITCH_S = 0.0005
 # what torchrun's agent handles and passes on (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -81,11 +80,6 @@ def entry(
         # torch read the variable when the launcher imported it, before the launcher set the
         # workers' share; a forked worker takes its share explicitly
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # The loop hands the GIL back at every torch call, and waits up to the switch interval
-    # to get it again while a background thread runs Python (MLflow's, where the writer
-    # publishes itself: a worker torchrun started by hand): at the default 5 ms that doubled
-    # the first step on 2 CPU cores. 0.5 ms bounds the wait, for a little more switching.
-    sys.setswitchinterval(GIL_SWITCH_S)
     answer = Answer()
     with answer.of_run(strategy):
         # the Config is resolved here, once, into the run's spec: nothing below sees the rest
@@ -96,12 +90,10 @@ def entry(
         # checked it for every world size the job may have)
         spec = resolve_run(cfg, strategy, (ctx.world_size, train_samples(cfg.data.limit_train)))
         mark("worker", ctx.rank)
-        events = os.environ.get(EVENTS_ENV)  # the launcher's MLflow publisher, if it has one
+        live = os.environ.get(STREAM_ENV)  # the launcher's MLflow publisher follows it
         terminal = terminal_columns(sys.stderr)  # the launcher's: a worker writes to it
         with process_group(ctx) as answer.stop:
-            trainer, session = start(
-                spec, ctx, answer.stop, terminal, Path(events) if events else None
-            )
+            trainer, session = start(spec, ctx, answer.stop, terminal, Path(live) if live else None)
             try:
                 answer.ended(trainer.fit(session), trainer.training.run.writer)
             finally:

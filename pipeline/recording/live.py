@@ -38,7 +38,7 @@ BAR_EVERY_S = 0.5  # the bar's loss and samples/s are refreshed this often (a co
 # terminal cuts the line's end
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
-# (MLflow step, metrics, Unix time in ms): the writer's Tracker.log_steps_soon
+# (MLflow step, metrics, Unix time in ms): the writer's RunRecorder.log_steps
 StepLog = Callable[[int, dict[str, float], int], None]
 MemoryNow = Callable[[], list[DevicePeak]]
 

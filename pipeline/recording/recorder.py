@@ -2,7 +2,9 @@
 with each, so `dvc plots` shows a run in progress), the MLflow run (continued on a resume),
 the per-epoch line in the log, and at the end results/<strategy>/ and the summary. One per
 process; only the strategy's writer rank keeps an MLflow run and writes files, the others
-record nothing (`NullTracker`), so the epoch loop never asks `if rank == 0`."""
+record nothing, so the epoch loop never asks `if rank == 0`. Nothing here talks to MLflow: the
+writer keeps the run's record on disk (run.json) and appends its live figures to the stage's
+stream, which the stage's publisher process pushes (tracking/publisher.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from pipeline.context import DistContext
 from pipeline.files import atomic_write
 from pipeline.numerics.build import Training
 from pipeline.results import (
-    ARTIFACTS,
     CHECKPOINTS,
     HISTORY,
     RESULTS,
@@ -32,16 +33,16 @@ from pipeline.results import (
 from pipeline.run_spec import RunSpec
 from pipeline.strategies.base import decided_params
 from pipeline.timeline import mark
+from pipeline.tracking import stream
 from pipeline.tracking.mlflow_run import (
     FAILED,
-    FINISHED,
     KILLED,
-    NullTracker,
-    Tracker,
+    mark_status,
     new_record,
+    open_record,
+    read_record,
 )
 from pipeline.tracking.provenance import base_tags, gpu_tags, gpu_uuids
-from pipeline.tracking.relay import Opening, Relay, open_tracker
 
 
 def writer_log(name: str, writer: bool) -> Callable[[str], None]:
@@ -81,12 +82,13 @@ class RunRecorder:
         training: Training,
         key: str,
         progress: Progress,
-        events: Path | None = None,
+        live: Path | None = None,
     ):
         """`key`: the run identity's; `progress`: where the run starts, its history the
         epochs a resumed run already finished (the list the epochs go on adding to);
-        `events`: where the stage's publisher takes the run's MLflow events (relay.py), if
-        the launcher started one."""
+        `live`: the stage's stream (tracking/stream.py), where the launcher's publisher
+        follows the run; None: a worker started by hand, whose run `python -m
+        pipeline.publish` pushes."""
         # A new MLflow run where training starts from scratch, but not for torchrun
         # restarting this job's workers (the stage's same attempt, whose run a failed rank
         # may have ended)
@@ -98,18 +100,29 @@ class RunRecorder:
         self.notes = [*training.notes, *([shared] if shared else []), *progress.notes]
         self.spec, self.name, self.ctx, self.training = spec, spec.name, ctx, training
         self.key, self.history, self.decided = key, progress.history, progress.decided
-        self.epochs, self.final_wait_s = spec.train.epochs, spec.mlflow.final_sync_wait_s
+        self.epochs = spec.train.epochs
         self.config_yaml = spec.config_yaml  # what it ran with, no other strategy's section
         self.writer = training.run.writer
         self.say = writer_log(self.name, self.writer)
-        self.tracker: Tracker = self._open_tracker(events) if self.writer else NullTracker()
+        self.record_path = CHECKPOINTS / self.name / RUN_RECORD
+        self.live = live if self.writer else None  # the writer's alone
+        if self.writer:
+            self._open_run()
         if self.history:  # a resumed run's epochs, back in the plot DVC removed before the stage
             self._write_history()
 
-    def _open_tracker(self, events: Path | None) -> Tracker:
-        """The MLflow run (a resumed run continues the same one), its system metrics started:
-        handed to the stage's publisher where the launcher started one (`events`), else kept
-        in this process."""
+    def _open_run(self) -> None:
+        """run.json (a resumed run continues the same MLflow run), then the stream's head:
+        from there on the stage's publisher pushes the run. A torchrun restart's writer finds
+        the stream opened and goes on with the same run."""
+        # a run resumed at its end trains nothing: no samples of it in the finished run
+        trains = len(self.history) < self.epochs
+        # how to read the figures of what trains now; a finished run run again trains
+        # nothing, and its one line says so (checkpoint_policy.py)
+        for note in self.notes if trains else ():
+            self.say(f"note: {note}")
+        if self.live is not None and stream.opened(self.live):
+            return
         run, ctx, gpus = self.training.run, self.ctx, self.gpus
         tags = {
             **base_tags(),
@@ -137,29 +150,34 @@ class RunRecorder:
             "effective_lr": effective_lr(spec.train),
             **decided_params(self.decided),  # what its strategy decided at its start
         }
-        # a run resumed at its end trains nothing: no samples of it in the finished run
-        trains = len(self.history) < self.epochs
-        opening = Opening(
-            new_record(self.key, spec.mlflow.experiment, self.name, tags, params),
-            self.fresh,
-            list(self.history),
-            spec.report.system_metrics_interval_s if trains else None,
-            gpu_uuids(gpus),
-        )
-        # how to read the figures of what trains now; a finished run run again trains
-        # nothing, and its one line says so (checkpoint_policy.py)
-        for note in self.notes if trains else ():
-            self.say(f"note: {note}")
-        record_path = CHECKPOINTS / self.name / RUN_RECORD
-        if events is not None:
-            return Relay(events, record_path, opening)
-        return open_tracker(record_path, opening)
+        new = new_record(self.key, spec.mlflow.experiment, self.name, tags, params)
+        open_record(self.record_path, new, self.fresh)
+        if self.live is not None:
+            interval = spec.report.system_metrics_interval_s if trains else None
+            head = stream.Head(self.key, interval, gpu_uuids(gpus), bool(self.history))
+            stream.open_stream(self.live, head)
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's MLflow id as the publisher recorded it so far (None: not created yet,
+        or a rank that does not write)."""
+        if not self.writer:
+            return None
+        run_id: str | None = read_record(self.record_path).get("run_id")
+        return run_id
+
+    def log_steps(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+        """A step-level point (`step_train_loss`, ...) at MLflow step `step`: a live view for
+        the publisher to send, never kept."""
+        if self.live is not None:
+            stream.steps(self.live, step, metrics, timestamp_ms)
 
     def epoch_done(self, row: EpochRow) -> None:
         """`row` is in the history already (a checkpoint may have saved it): history.csv,
         publish, log."""
         self._write_history()
-        self.tracker.publish_soon(self.history)
+        if self.live is not None:
+            stream.epoch_ended(self.live, row)
         if self.writer:
             print(
                 f"train[{self.name}] epoch {row.epoch}/{self.epochs}: loss {row.train_loss:.4f} "
@@ -179,16 +197,27 @@ class RunRecorder:
             atomic_write(out_dir / HISTORY, history_csv(self.history))
 
     def stopped(self) -> None:
-        """A SIGTERM checkpoint: the epochs so far go to MLflow, the run marked killed."""
-        self.tracker.publish(self.history, status=KILLED)
+        """A SIGTERM checkpoint: the run ends KILLED, to be resumed (the launcher tells the
+        publisher so; a worker started by hand keeps it in run.json)."""
+        self._ended(KILLED)
 
     def failed(self) -> None:
-        """An error: whatever epochs finished still reach MLflow."""
-        self.tracker.publish(self.history, status=FAILED)
+        """An error: the run ends FAILED, its finished epochs kept."""
+        self._ended(FAILED)
 
-    def finish(self, state: dict[str, Any], stopping: Callable[[], bool]) -> RunSummary:
-        """results/<strategy>/ from the full model's `state`, the run's final MLflow push;
-        `stopping` says a SIGTERM arrived: the push then makes one attempt, no wait."""
+    def _ended(self, status: str) -> None:
+        if self.writer and self.live is None:
+            mark_status(self.record_path, status)
+            self._kept_by_hand()
+
+    def _kept_by_hand(self) -> None:
+        """A worker started by hand has no publisher: where its run waits, and what pushes it."""
+        self.say(
+            f"MLflow: {self.record_path} keeps the run; `python -m pipeline.publish` pushes it"
+        )
+
+    def finish(self, state: dict[str, Any]) -> RunSummary:
+        """results/<strategy>/ from the full model's `state`: the publisher pushes them."""
         summary = self.summary()
         if self.writer:
             summary.fingerprint = self.key
@@ -196,17 +225,9 @@ class RunRecorder:
             out_dir.mkdir(parents=True, exist_ok=True)
             write_results(out_dir, state, self.history, summary, self.config_yaml)
             mark("results written")
-            self.tracker.publish(
-                self.history,
-                [out_dir / name for name in ARTIFACTS],
-                status=FINISHED,
-                wait_s=self.final_wait_s,
-                give_up=stopping,
-            )
+            if self.live is None:
+                self._kept_by_hand()
         return summary
-
-    def close(self) -> None:
-        self.tracker.close()
 
     def summary(self) -> RunSummary:
         history, run = self.history, self.training.run

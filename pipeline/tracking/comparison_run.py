@@ -74,7 +74,7 @@ def open_comparison(
             ).info.run_id
             client.log_batch(run_id, params=[Param(k, param_text(v)) for k, v in params.items()])
         return Comparison(run_id, exp_id, list(children))
-    except Exception as err:  # noqa: BLE001 - an outage, as in MlflowTracker.publish
+    except Exception as err:  # noqa: BLE001 - an outage, as in publisher.Follower.push
         print(
             f"warning: MLflow at {tracking_uri()} unreachable ({first_line(err)}); the "
             "comparison is not grouped in MLflow",

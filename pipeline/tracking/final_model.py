@@ -58,5 +58,5 @@ def final_figures(out_dir: Path) -> dict[str, float]:
 
 
 def model_source(out_dir: Path, data_dir: Path = DATA_DIR) -> ModelSource:
-    """What `MlflowTracker.publish` and `publish_strategy` log as the run's MLflow model."""
+    """What `publish_strategy` logs (the compare and publish stages) as the run's MLflow model."""
     return lambda: (plain_model(out_dir), input_example(data_dir), final_figures(out_dir))

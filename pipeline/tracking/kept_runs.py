@@ -11,9 +11,10 @@ to the same run (the same fingerprint): anything else is refused, never mixed.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from pipeline.did_not_fit import read_did_not_fit
 from pipeline.errors import UserError, first_line
@@ -33,6 +34,7 @@ from pipeline.results import (
 from pipeline.tracking.mlflow_run import (
     FINISHED,
     ModelSource,
+    pending,
     publish_run,
     read_record,
     write_record,
@@ -40,20 +42,35 @@ from pipeline.tracking.mlflow_run import (
 from pipeline.tracking.store import tracking_uri
 
 
-def publish_strategy(
-    name: str,
-    ended: Optional[str] = None,
-    model_of: Optional[Callable[[Path], ModelSource]] = None,
-) -> str:
-    """Push one strategy's local record; a one-line account of what MLflow now holds.
-    `ended` (FAILED, KILLED): how an unfinished run ended, for a launcher whose workers
-    could not say so themselves. `model_of`: results/<strategy>/ -> its final model, logged
-    as the run's MLflow model once the run finished (tracking/final_model.py)."""
+@dataclass
+class KeptRun:
+    """One strategy's run as its files keep it: what a push hands MLflow."""
+
+    record_path: Path
+    record: dict[str, Any]  # run.json, its status set as the files say
+    history: list[EpochRow]
+    finished: bool  # its results are this run's
+    artifacts: list[Path]  # results/<strategy>/'s, once it finished
+    stale: str  # why results/<strategy>/ were left out, or ""
+
+    def pending(self) -> str:
+        """What MLflow still lacks of it, in words."""
+        return pending(self.record, self.history, self.artifacts)
+
+
+def kept_run(
+    name: str, ended: Optional[str] = None, live: Sequence[EpochRow] = ()
+) -> KeptRun | None:
+    """The strategy's run from checkpoints/<strategy>/ and results/<strategy>/; None where
+    nothing is recorded. `ended`: how an unfinished run stands where its files cannot say it:
+    RUNNING while its stage trains (the publisher's pushes), FAILED or KILLED as its stage
+    ended. `live`: the epochs the stage's stream saw end, some perhaps in no checkpoint yet
+    (stream.py). The files must belong to the same run (the same fingerprint)."""
     record_path = CHECKPOINTS / name / RUN_RECORD
     latest_path = CHECKPOINTS / name / CHECKPOINT_RECORD
     record = read_record(record_path)
     if not record:
-        return f"{name}: nothing recorded locally (not trained yet)"
+        return None
     key = record["fingerprint"]
     latest = read_checkpoint_record(CHECKPOINTS / name)
     if latest is not None and latest.get("fingerprint") != key:
@@ -63,12 +80,14 @@ def publish_strategy(
                 f"{record_path} to run {key}; not published (run the train stage "
                 f"again to settle {name})"
             )
-        # the launcher settling a run that died before its first checkpoint, beside an older
-        # run's: its status alone, none of the older run's epochs, or it would stay RUNNING
+        # a run before its first checkpoint, beside an older run's (its publisher, or the
+        # launcher settling a run that died then): none of the older run's epochs
         latest = None
     if latest is not None and is_older(latest):  # its epochs, in a format no reader is kept for
         raise UserError(f"{latest_path}: {older(name)}")
     history = [EpochRow.from_record(r) for r in (latest or {}).get("history", [])]
+    checkpointed = {row.epoch for row in history}
+    history += sorted((r for r in live if r.epoch not in checkpointed), key=lambda r: r.epoch)
     # a run that did not fit (did_not_fit.py) has no summary of figures: it ended FAILED
     summary = (
         read_summary(name)
@@ -76,21 +95,42 @@ def publish_strategy(
         else None
     )
     finished = summary is not None and summary.fingerprint == key
-    artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
     if finished:
         record["status"] = FINISHED
     elif ended is not None and record.get("status") != FINISHED:
         record["status"] = ended
-    model = model_of(RESULTS / name) if finished and model_of is not None else None
-    publish_run(
-        record, history, artifacts, save=lambda: write_record(record_path, record), model=model
-    )
     stale = (
         f"; results/{name} belong to another run and were left out"
         if summary is not None and not finished
         else ""
     )
-    return f"{name}: run {record['run_id']} has {len(history)} epoch(s), {record['status']}{stale}"
+    artifacts = [RESULTS / name / a for a in ARTIFACTS] if finished else []
+    return KeptRun(record_path, record, history, finished, artifacts, stale)
+
+
+def publish_strategy(
+    name: str,
+    ended: Optional[str] = None,
+    model_of: Optional[Callable[[Path], ModelSource]] = None,
+    live: Sequence[EpochRow] = (),
+) -> str:
+    """Push one strategy's kept run (`kept_run`, whose `ended` and `live` these are); a
+    one-line account of what MLflow now holds. `model_of`: results/<strategy>/ -> its final
+    model, logged as the run's MLflow model once the run finished (tracking/final_model.py)."""
+    run = kept_run(name, ended, live)
+    if run is None:
+        return f"{name}: nothing recorded locally (not trained yet)"
+    record = run.record
+    model = model_of(RESULTS / name) if run.finished and model_of is not None else None
+    publish_run(
+        record,
+        run.history,
+        run.artifacts,
+        save=lambda: write_record(run.record_path, record),
+        model=model,
+    )
+    epochs = len(run.history)
+    return f"{name}: run {record['run_id']} has {epochs} epoch(s), {record['status']}{run.stale}"
 
 
 def log_final_models(names: list[str], model_of: Callable[[Path], ModelSource]) -> None:

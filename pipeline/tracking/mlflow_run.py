@@ -1,47 +1,41 @@
 """MLflow logging that never loses anything: local first, then published, idempotently.
 
-The writing process keeps the truth on disk: checkpoints/<strategy>/run.json holds the run's
+The run's writer keeps the truth on disk: checkpoints/<strategy>/run.json holds the run's
 identity, params, tags, the status MLflow should show and the store (tracking URI) the run
-lives in; the per-epoch history lives in the checkpoint record and results/. `publish_run`
-pushes whatever MLflow does not have yet: it creates the run if needed (pointed at another
-store, it creates it there with everything kept on disk), logs params and tags, the epochs
-MLflow lacks (checked against the server, so a restarted job never logs an epoch twice, each
-stamped with the time the epoch ended), artifacts, the final model as an MLflow model (once:
-`log_final_model`), and the status. Per epoch it runs on a
-background thread (`MlflowTracker.publish_soon`); the end of the stage waits for it. If the
-tracking server is down, training goes on, a warning says what is pending, and the next push
-(every epoch, at the end of the stage, or `python -m pipeline.publish`) delivers it.
-Step-level metrics are the exception: a live view sent as training goes, never kept
-(step_metrics.py). Non-writing ranks get `NullTracker`, and a stage with a publisher process
-hands its writer's calls over (relay.py's `Relay`): all three are `Tracker`s.
+lives in (`open_record`, written before the first step; no MLflow in the writer); the
+per-epoch history lives in the checkpoint record and results/. `publish_run` pushes whatever
+MLflow does not have yet: it creates the run if needed (pointed at another store, it creates
+it there with everything kept on disk), logs params and tags, the epochs MLflow lacks
+(checked against the server, so a restarted job never logs an epoch twice, each stamped with
+the time the epoch ended), artifacts, the final model as an MLflow model (once:
+`log_final_model`), and the status. The stage's publisher process (publisher.py) calls it
+through `kept_runs.publish_strategy` whenever the run's files change and at the end of the
+stage; `python -m pipeline.publish` calls it the same way. If the tracking server is down,
+training goes on, a warning says what is pending, and the next push delivers it.
 
 Status: RUNNING while a stage trains (again RUNNING when a stopped run resumes), then
 FINISHED, FAILED (an error; the launcher marks a run whose workers died without a word) or
 KILLED (SIGTERM: the run checkpointed and `dvc repro` resumes it).
 
 MLflow itself is imported inside the functions that talk to it: it takes about a second to
-import, and only the writing rank ever needs it.
+import, and only the publishing process ever needs it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
-from pipeline.errors import UserError, first_line, no_space_line, out_of_space
+from pipeline.errors import UserError, first_line
 from pipeline.files import atomic_write
 from pipeline.results import EpochRow
 from pipeline.tracking import store
-from pipeline.tracking.step_metrics import StepMetrics
-from pipeline.tracking.store import experiment_id, param_text, sqlite_database, tracking_uri
-from pipeline.tracking.system_metrics import publish_final_sample, system_metrics_monitor
+from pipeline.tracking.store import experiment_id, param_text, tracking_uri
 
 RUNNING, FINISHED, FAILED, KILLED = "RUNNING", "FINISHED", "FAILED", "KILLED"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -53,82 +47,6 @@ ModelSource = Callable[[], tuple[Any, Any, dict[str, float]]]
 # the final figures' prefix as metrics of the logged model (and its run): apart from the
 # per-epoch series of the same name (test_acc), grouped in the UI like "system/"
 FINAL = "final/"
-# How long the end of a stage gives the step metrics still queued to reach MLflow.
-STEP_METRICS_FLUSH_S = 2.0
-
-
-# one function, not a lambda in each signature: the publishers' signatures are then equal,
-# default for default (tests/unit/test_tracker_protocol.py)
-def never() -> bool:
-    """`give_up`'s default: no stop was asked for, the final push may wait its `wait_s`."""
-    return False
-
-
-class Tracker(Protocol):
-    """The publisher of one run's MLflow events, as the writer's recorder holds it:
-    `MlflowTracker` (pushes from this process), relay.py's `Relay` (hands each call to the
-    stage's publisher process, which replays it on an MlflowTracker) or `NullTracker` (a rank
-    that does not write). The contract is stated here once; each class documents only what
-    it adds to it. An outage of MLflow fails none of them: run.json, the checkpoint record
-    and results/ stay the truth, and what is pending is pushed later."""
-
-    @property
-    def run_id(self) -> str | None:
-        """The run's MLflow id, None while it is not created (yet)."""
-
-    def publish_soon(self, history: list[EpochRow]) -> None:
-        """Publish `history` (every epoch so far: each call carries all that MLflow may
-        lack), returning at once."""
-
-    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
-        """A step-level point (`step_train_loss`, ...) at MLflow step `step`, sent as training
-        goes and never kept (step_metrics.py); returns at once."""
-
-    def publish(
-        self,
-        history: list[EpochRow],
-        artifacts: Sequence[Path] = (),
-        status: Optional[str] = None,
-        wait_s: float = 0.0,
-        give_up: Callable[[], bool] = never,
-        model: Optional[ModelSource] = None,
-    ) -> bool:
-        """Push what MLflow lacks of `history` and `artifacts`, and `status` if given (the
-        run's end: FINISHED, FAILED, KILLED); `model`, the final model, is logged once
-        (`log_final_model`) by a tracker that logs models. With `wait_s`, keep retrying that
-        long (a tracking server that is restarting gets a grace period at the end of a
-        stage), unless `give_up` says so (a SIGTERM: the process has its grace period to
-        leave). True when nothing is left pending; never raises on an outage."""
-
-    def close(self) -> None:
-        """The writer is done with the run: what publishes it ends, what is queued sent first."""
-
-
-class NullTracker:
-    """What non-writing ranks get, so the loop never asks `if rank == 0`: every call does
-    nothing, and `publish` says nothing is pending."""
-
-    run_id: Optional[str] = None
-
-    def publish_soon(self, history: list[EpochRow]) -> None:
-        pass
-
-    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
-        pass
-
-    def publish(
-        self,
-        history: list[EpochRow],
-        artifacts: Sequence[Path] = (),
-        status: Optional[str] = None,
-        wait_s: float = 0.0,
-        give_up: Callable[[], bool] = never,
-        model: Optional[ModelSource] = None,
-    ) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 def new_record(
@@ -154,182 +72,29 @@ def new_record(
     }
 
 
-class MlflowTracker:
-    """The writer's side of one strategy's MLflow run, pushed from this process (a `Tracker`)."""
+def open_record(path: Path, new: dict[str, Any], fresh: bool) -> dict[str, Any]:
+    """The writer's run.json as its run starts, no MLflow involved. `new`: the record of this
+    run were it new (`new_record`). `fresh`: the run trains from its first step. Where the
+    last run had the same fingerprint and ended (its checkpoints were deleted, say), it gets
+    an MLflow run of its own, and that one stays as it ended, with its metrics and artifacts.
+    One still RUNNING is this stage's own, whose workers were restarted before their first
+    checkpoint: it goes on, as does a stopped or failed run that resumes."""
+    record = read_record(path)
+    ended = record.get("status", RUNNING) != RUNNING
+    if record.get("fingerprint") != new["fingerprint"] or (fresh and ended):  # a new run
+        record = new
+    record["status"] = RUNNING
+    write_record(path, record)
+    return record
 
-    def __init__(self, record_path: Path, new: dict[str, Any], fresh: bool):
-        """`new`: the record of this run were it new (`new_record`: its fingerprint, its
-        experiment, name, tags and params). `fresh`: the run trains from its first step.
-        Where the last run had the same fingerprint and ended (its checkpoints were deleted,
-        say), it gets an MLflow run of its own, and that one stays as it ended, with its
-        metrics and artifacts. One still RUNNING is this stage's own, whose workers torchrun
-        restarted before their first checkpoint: it goes on."""
-        self.record_path = record_path
-        record = read_record(record_path)
-        ended = record.get("status", RUNNING) != RUNNING
-        if record.get("fingerprint") != new["fingerprint"] or (fresh and ended):  # a new run
-            record = new
-        record["status"] = RUNNING  # a resumed run that had failed or was stopped runs again
-        self.record = record
-        self._write()
-        self._monitor = None
-        # the one background thread pushing to MLflow (opening the run, then the epochs
-        # `publish_soon` asks for): _busy while it runs, _newest the history it pushes next
-        self._background: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._busy = False
-        self._newest: list[EpochRow] | None = None
-        self._steps = StepMetrics(lambda: self.run_id)
 
-    @property
-    def run_id(self) -> str | None:
-        run_id: str | None = self.record["run_id"]  # RECORD_TYPES: a string or null
-        return run_id
-
-    def _write(self) -> None:
-        write_record(self.record_path, self.record)
-
-    def open_soon(self, history: list[EpochRow], then: Callable[[], None]) -> None:
-        """The run in MLflow (created, or a resumed one's status, params, tags and epochs
-        brought up to date), then `then` (its system metrics started), on a background
-        thread: training's first step does not wait for MLflow's import and its store
-        (seconds). run.json, written already, is the truth meanwhile; epochs pushed meanwhile
-        (`publish_soon`) follow on the same thread."""
-
-        def open_run() -> None:
-            try:
-                self._publish(history)
-            finally:
-                self._steps.opened.set()
-            try:
-                self._push_newest(last=False)  # epochs that came while it opened, first
-                then()
-            finally:
-                self._push_newest()
-
-        self._steps.opened.clear()
-        self._start_background(open_run, "mlflow-open")
-
-    def publish_soon(self, history: list[EpochRow]) -> None:
-        """`publish` on a background thread, so the next epoch does not wait for MLflow (tens
-        of ms an epoch into SQLite, more over a network: percents of a sub-second GPU epoch).
-        Where a push is still running, it pushes this history when done: the newest only,
-        since each push delivers every epoch MLflow lacks. The history on disk (checkpoint
-        record, results/) stays the truth."""
-        with self._lock:
-            self._newest = list(history)
-            if self._busy:
-                return
-        self._start_background(self._push_newest, "mlflow-publish")
-
-    def _start_background(self, target: Callable[[], None], name: str) -> None:
-        with self._lock:
-            self._busy = True
-        self._background = threading.Thread(target=target, name=name, daemon=True)
-        self._background.start()
-
-    def _push_newest(self, last: bool = True) -> None:
-        """Push the newest history asked for until none is waiting; `last`: the background
-        thread then ends (a later `publish_soon` starts another)."""
-        while True:
-            with self._lock:
-                history, self._newest = self._newest, None
-                if history is None:
-                    self._busy = self._busy and not last
-                    return
-            self._publish(history)
-
-    def log_steps_soon(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
-        """`Tracker.log_steps_soon`, sent by step_metrics.py's background thread."""
-        self._steps.log_soon(step, metrics, timestamp_ms)
-
-    def publish(
-        self,
-        history: list[EpochRow],
-        artifacts: Sequence[Path] = (),
-        status: Optional[str] = None,
-        wait_s: float = 0.0,
-        give_up: Callable[[], bool] = never,
-        model: Optional[ModelSource] = None,
-    ) -> bool:
-        """`Tracker.publish` in this process: it waits for a background push first, and a
-        little for the step metrics still queued; within `wait_s` it tries again every 5 s."""
-        if self._background is not None:
-            self._background.join()
-            self._background = None
-        self._steps.flush(STEP_METRICS_FLUSH_S)
-        if status is not None:
-            self.record["status"] = status
-            self._write()
-        return self._publish(history, artifacts, wait_s, give_up, model)
-
-    def _publish(
-        self,
-        history: list[EpochRow],
-        artifacts: Sequence[Path] = (),
-        wait_s: float = 0.0,
-        give_up: Callable[[], bool] = never,
-        model: Optional[ModelSource] = None,
-    ) -> bool:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                publish_run(self.record, history, artifacts, save=self._write, model=model)
-                return True
-            except OSError as err:
-                if out_of_space(err) is not None:
-                    raise  # no outage: a full disk here, no retry mends (the caller says so)
-                failure = first_line(err)
-            except Exception as err:  # noqa: BLE001 - any failure of the server is an outage
-                store = Path(sqlite_database(tracking_uri()) or "mlruns")
-                full = out_of_space(err, store)
-                if full is not None:  # the store's disk: training goes on, the run is kept
-                    then = "run `python -m pipeline.publish`; kept locally"
-                    print(f"warning: {no_space_line(full, then)}", file=sys.stderr, flush=True)
-                    return False
-                failure = first_line(err)
-            if time.monotonic() >= deadline or give_up():
-                break
-            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-        print(
-            f"warning: MLflow at {tracking_uri()} unreachable ({failure}); kept locally, "
-            f"pending: {pending(self.record, history, artifacts, model)}; retrying at the next "
-            "epoch, at the end of the stage, or run `python -m pipeline.publish`",
-            file=sys.stderr,
-            flush=True,
-        )
-        return False
-
-    def start_system_metrics(
-        self, interval_s: float | None, gpu_uuids: dict[str, str] | None, resume: bool
-    ) -> None:
-        """MLflow's own sampler (CPU, memory, disk, network and, through NVML, GPU utilisation
-        and memory) logging `system/...` into this run every `interval_s` seconds."""
-        if interval_s is None or self.run_id is None:
-            return  # switched off, or MLflow is away: the timeline is lost, never the run
-        try:
-            monitor = system_metrics_monitor(
-                self.run_id, interval_s, gpu_uuids, resume, tracking_uri()
-            )
-            monitor.start()
-            self._monitor = monitor
-        except Exception as err:  # noqa: BLE001 - a timeline is never worth a failed run
-            print(
-                f"warning: no MLflow system metrics ({first_line(err)})",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        """End the run's threads in this process: a push under way, the system-metrics sampler
-        (its last sample logged) and the step metrics' sender (what is queued sent first)."""
-        if self._background is not None:
-            self._background.join()
-            self._background = None
-        if self._monitor is not None:
-            publish_final_sample(self._monitor)
-            self._monitor = None
-        self._steps.close(STEP_METRICS_FLUSH_S)
+def mark_status(path: Path, status: str) -> None:
+    """How a run ended, kept in its run.json by a writer no publisher follows (a worker
+    started by hand): `python -m pipeline.publish` pushes it."""
+    record = read_record(path)
+    if record:
+        record["status"] = status
+        write_record(path, record)
 
 
 # run.json's keys and what they hold (`new_record`'s; run_id and tracking_uri may be null)

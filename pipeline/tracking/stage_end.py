@@ -1,8 +1,7 @@
 """The end of a train stage, told once the workers are gone (pipeline/train.py calls it once,
-after the launcher's `launch`): the run's MLflow events pushed by the stage's publisher, the
-run settled in MLflow where its workers could not say how it ended themselves, and the
-stage's last lines: a result that did not fit, a user's error, what failed, and where a
-rerun resumes."""
+after the launcher's `launch`): the run's last push by the stage's publisher, with how it
+ended, the run settled here where no publisher could, and the stage's last lines: a result
+that did not fit, a user's error, what failed, and where a rerun resumes."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pipeline.results import CHECKPOINTS, RUN_RECORD, read_checkpoint_record
 from pipeline.timeline import mark
 from pipeline.tracking.kept_runs import publish_strategy
 from pipeline.tracking.mlflow_run import FAILED, KILLED, RUNNING, read_record
-from pipeline.tracking.relay import Publisher
+from pipeline.tracking.publisher import Publisher
 
 
 class StageEnd(NamedTuple):
@@ -37,8 +36,10 @@ class StageEnd(NamedTuple):
 def tell(end: StageEnd, publisher: Publisher) -> int:
     """Push, settle and say how the stage ended; its exit code."""
     name, user_error = end.name, end.user_error
-    problem = publisher.finish()
+    opened = publisher.opened  # the writer opened the run: the publisher pushes its end
+    problem = publisher.finish(ended_as(end), give_up=end.signalled)
     mark("published")
+    settled = opened and problem is None
     # a full disk: the stage's own line says it, and its rerun pushes the run
     if problem is not None and not (problem == NO_SPACE and user_error):
         print(
@@ -47,12 +48,11 @@ def tell(end: StageEnd, publisher: Publisher) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if end.exit_code not in (0, STOPPED_EXIT):
-        # a stop someone asked for that came before a checkpoint, or a failure (the agent also
-        # stops the surviving workers of a failed job with SIGTERM: not a stop to resume from)
-        settle_run(name, KILLED if end.signalled else FAILED, user_error=bool(user_error))
+    if end.exit_code not in (0, STOPPED_EXIT) and not settled:
+        settle_run(name, ended_as(end), user_error=bool(user_error))
     if end.outcome is Outcome.DID_NOT_FIT:
-        settle_run(name, FAILED, user_error=True)  # quietly: the line below is the answer
+        if not settled:
+            settle_run(name, FAILED, user_error=True)  # quietly: the line below is the answer
         record = read_did_not_fit(name)
         print(f"train[{name}]: {record.line() if record else 'did not fit'}", flush=True)
     elif user_error:
@@ -68,6 +68,19 @@ def tell(end: StageEnd, publisher: Publisher) -> int:
             hint = unsaved_stop_hint(name, at)
         print(f"error: {hint}", file=sys.stderr, flush=True)
     return end.exit_code
+
+
+def ended_as(end: StageEnd) -> str:
+    """The run's MLflow status as its stage ended, where its files do not say it finished:
+    KILLED after a stop (checkpointed, to be resumed, or one that came before a checkpoint),
+    FAILED after a failure (the agent also stops the surviving workers of a failed job with
+    SIGTERM: not a stop to resume from) or a result that did not fit; RUNNING: as the files
+    say (a finished run's summary makes it FINISHED)."""
+    if end.exit_code == STOPPED_EXIT:
+        return KILLED
+    if end.exit_code != 0:
+        return KILLED if end.signalled else FAILED
+    return FAILED if end.outcome is Outcome.DID_NOT_FIT else RUNNING
 
 
 def lost_node_hint(

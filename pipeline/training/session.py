@@ -34,7 +34,7 @@ def start(
     ctx: DistContext,
     stop: StopRequest | None = None,
     terminal_columns: int | None = None,
-    events: Path | None = None,
+    live: Path | None = None,
 ) -> tuple[Trainer, Session]:
     """The run of `spec` in this process, ready for `Trainer.fit`. `spec` is resolved for
     this job (`resolve_run`'s `job`): its plan is the batch over the job's ranks.
@@ -42,8 +42,8 @@ def start(
     makes its own).
     `terminal_columns`: the width of the terminal the stage's output goes to, if it does
     (live.terminal_columns): the writer then shows a bar instead of progress lines.
-    `events`: where the stage's MLflow publisher takes the run's events (tracking/relay.py);
-    None: the writer publishes itself."""
+    `live`: the stage's stream, which its MLflow publisher follows (tracking/stream.py);
+    None: a worker started by hand, whose run `python -m pipeline.publish` pushes."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     if stop is None:
@@ -61,9 +61,9 @@ def start(
     policy = CheckpointPolicy(spec.checkpoint, spec.train.epochs, checkpoints, identity, ctx)
     # restored, then the strategy's own last step before training, if it has one
     training, progress = policy.resume(training, writer_log(spec.name, training.run.writer))
-    recorder = RunRecorder(spec, ctx, training, identity.key, progress, events)
-    mark("mlflow run opened", ctx.rank)
-    live = live_progress(spec, training, ctx, recorder.tracker.log_steps_soon, terminal_columns)
+    recorder = RunRecorder(spec, ctx, training, identity.key, progress, live)
+    mark("mlflow run opened", ctx.rank)  # its record and stream: the name the benchmarks know
+    progress_view = live_progress(spec, training, ctx, recorder.log_steps, terminal_columns)
     hooks = hooks_from_env(ctx.rank, lambda: stop.flag, spec.name)
-    trainer = Trainer(training, ctx, stop, hooks, live)
+    trainer = Trainer(training, ctx, stop, hooks, progress_view)
     return trainer, Session(spec, data, progress, policy, recorder)

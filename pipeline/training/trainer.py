@@ -111,16 +111,16 @@ class Trainer:
                 progress.wall_seconds, progress.epoch_seconds = row.wall_seconds, 0.0
                 if policy.due(epoch + 1):
                     at = Position(epoch + 1, 0)
-                    policy.save(at, progress, self.training, recorder.tracker.run_id, self.hooks)
+                    policy.save(at, progress, self.training, recorder.run_id, self.hooks)
                 recorder.epoch_done(row)
             self.hooks.at("end")
             mark("trained", self.ctx.rank)
             if self.training.features["compile"] != "off":
                 recorder.say(compile_cache_line())
             state = self.training.run.state_dict()  # a collective for sharded/split models
-            # A SIGTERM after the last step: the results are written all the same, and the
-            # final push makes one attempt instead of waiting, well inside torchrun's grace.
-            summary = recorder.finish(state, stopping=lambda: self.stop.flag)
+            # A SIGTERM after the last step: the results are written all the same (the
+            # launcher's publisher then makes one attempt to push them, no wait)
+            summary = recorder.finish(state)
             ok = True
             return summary
         except OUT_OF_MEMORY as err:  # the rank that ran out says so
@@ -128,7 +128,6 @@ class Trainer:
             write_did_not_fit(record, progress.history, recorder.config_yaml)
             raise RunDidNotFit(record) from err
         finally:
-            recorder.close()
             if not ok:
                 recorder.failed()
             self.training.run.release()  # the strategy's own hold on its process groups
@@ -263,7 +262,7 @@ class Trainer:
         progress, recorder = session.progress, session.recorder
         progress.wall_seconds = meter.wall_seconds()
         progress.epoch_seconds = seconds
-        session.policy.save(at, progress, self.training, recorder.tracker.run_id, self.hooks)
+        session.policy.save(at, progress, self.training, recorder.run_id, self.hooks)
         recorder.say(
             f"SIGTERM: checkpointed at epoch {at.epoch + 1} step {at.step}; "
             "`dvc repro` resumes from there"

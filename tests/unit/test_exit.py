@@ -23,7 +23,7 @@ from pipeline.errors import (
 from pipeline.interrupts.stop import StopRequest
 from pipeline.launch.launcher import read_outcome, stage_exit, worker_error, workers_environment
 from pipeline.launch.worker import comm_threads, hand_back_stop_signals, left_threads_warning
-from pipeline.tracking.relay import EVENTS_ENV
+from pipeline.tracking.stream import STREAM_ENV
 
 OUTCOMES = (None, Outcome.FINISHED, Outcome.STOPPED)
 
@@ -120,26 +120,6 @@ def test_without_a_thread_list_the_exit_collects_anyway(tmp_path, monkeypatch):
     assert collected == [True]
 
 
-def test_closing_the_step_metrics_sends_what_is_queued_and_ends_its_thread(monkeypatch):
-    from pipeline.tracking import step_metrics
-
-    sent = []
-
-    class Client:
-        def log_batch(self, run_id, metrics):
-            sent.extend((m.step, m.key) for m in metrics)
-
-    monkeypatch.setattr(step_metrics.store, "client", Client)
-    steps = step_metrics.StepMetrics(lambda: "run")
-    for step in (1, 2, 3):
-        steps.log_soon(step, {"step_train_loss": 1.0}, 0)
-    thread = steps.thread
-    steps.close(30.0)
-    assert not thread.is_alive()
-    assert sent == [(1, "step_train_loss"), (2, "step_train_loss"), (3, "step_train_loss")]
-    assert steps.thread is None
-
-
 def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
     """The workers' environment (their GPUs, threads, where a user error and the outcome come
     back) is the launch's alone: the quickstart's next launch, in the same process, starts
@@ -147,19 +127,19 @@ def test_a_launch_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     before = dict(os.environ)
-    with workers_environment([], 2, tmp_path, tmp_path / "events") as (
+    with workers_environment([], 2, tmp_path, tmp_path / "stream") as (
         error_file,
         outcome_file,
-        events,
+        live,
     ):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == ""  # devices: cpu hides every GPU
         assert os.environ["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
         assert os.environ[ERROR_FILE_ENV] == str(error_file)
         assert os.environ[OUTCOME_FILE_ENV] == str(outcome_file)
-        assert os.environ[EVENTS_ENV] == str(events)
+        assert os.environ[STREAM_ENV] == str(live)
     assert dict(os.environ) == before
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    with workers_environment(["1"], 1, tmp_path, events):
+    with workers_environment(["1"], 1, tmp_path, live):
         assert os.environ["OMP_NUM_THREADS"] == "3"
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"

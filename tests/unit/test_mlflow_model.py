@@ -20,8 +20,8 @@ from pipeline.resnet import build_model
 from pipeline.results import CONFIG, MODEL, SUMMARY, RunSummary, headline
 from pipeline.tracking.comparison_run import register_model, seed_accuracies
 from pipeline.tracking.final_model import input_example, model_source, plain_model
-from pipeline.tracking.mlflow_run import MODEL_NAME, MlflowTracker, new_record, tensor_signature
-from support import run_summary
+from pipeline.tracking.mlflow_run import MODEL_NAME, tensor_signature
+from support import KeptRecord, run_summary
 
 
 @pytest.fixture
@@ -57,10 +57,8 @@ def results(tmp_path):
 
 def published(tmp_path, results):
     out, data, _ = results
-    tracker = MlflowTracker(
-        tmp_path / "run.json", new_record("f", "tests", "ddp", {}, {"lr": 0.1}), fresh=True
-    )
-    assert tracker.publish([], [out / MODEL], status="FINISHED", model=model_source(out, data))
+    tracker = KeptRecord(tmp_path / "run.json", "f", "ddp", params={"lr": 0.1})
+    tracker.publish([], [out / MODEL], status="FINISHED", model=model_source(out, data))
     return tracker
 
 
@@ -70,7 +68,7 @@ def test_the_final_model_is_logged_once_and_loads_as_trained(tmp_path, store, re
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["model_logged"] and record["model_id"]
     # a re-publish (python -m pipeline.publish, the launcher) logs nothing again
-    assert tracker.publish([], [out / MODEL], status="FINISHED", model=model_source(out, data))
+    tracker.publish([], [out / MODEL], status="FINISHED", model=model_source(out, data))
     experiment = store.get_experiment_by_name("tests").experiment_id
     models = store.search_logged_models([experiment])
     assert [(m.name, m.source_run_id) for m in models] == [(MODEL_NAME, tracker.run_id)]
@@ -134,7 +132,7 @@ def test_the_recommended_model_is_registered_once(tmp_path, store, results):
 
 
 def test_registration_says_why_not(tmp_path, store, monkeypatch):
-    bare = MlflowTracker(tmp_path / "run.json", new_record("f", "tests", "ddp", {}, {}), fresh=True)
+    bare = KeptRecord(tmp_path / "run.json", "f", "ddp", params={})
     bare.publish([], status="FINISHED")
     missing = register_model("tests", "ddp", "highest throughput", bare.run_id)
     assert missing.version is None and "has no logged model yet" in missing.why_not
@@ -173,10 +171,8 @@ def test_compare_registers_each_objectives_pick_under_its_alias(tmp_path, store,
     out, data, trained = results
     run_ids = {}
     for name in ("single", "ddp"):
-        tracker = MlflowTracker(
-            tmp_path / f"{name}.json", new_record(name, "tests", name, {}, {}), fresh=True
-        )
-        assert tracker.publish([], status="FINISHED", model=model_source(out, data))
+        tracker = KeptRecord(tmp_path / f"{name}.json", name, name, params={})
+        tracker.publish([], status="FINISHED", model=model_source(out, data))
         run_ids[name] = tracker.run_id
     rows = comparison_rows(run_ids)
     registered = register(answer.recommend(rows, None), rows, "tests", reachable=True)

@@ -1,12 +1,11 @@
-"""The MLflow tracker against real (SQLite) stores: background pushes, statuses, timestamps,
-step metrics, moving to another store, system metrics, and the comparison parent run."""
+"""The run's record and its push against real (SQLite) stores: every epoch once, statuses,
+timestamps, moving to another store, system metrics, and the comparison parent run. The
+publisher process that makes these pushes is test_publisher.py's."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -15,16 +14,14 @@ from mlflow.tracking import MlflowClient
 from pipeline.errors import UserError
 from pipeline.results import EpochRow
 from pipeline.tracking.kept_runs import publish_strategy
-from pipeline.tracking.mlflow_run import MlflowTracker, new_record
-from support import wait_for
+from pipeline.tracking.mlflow_run import new_record
+from support import KeptRecord
 
 
 @pytest.fixture
 def tracker(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = MlflowTracker(
-        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=True
-    )
+    tracker = KeptRecord(tmp_path / "run.json")
     tracker.publish([])
     return tracker
 
@@ -43,43 +40,27 @@ def epoch(n: int, ended_at: float = 0.0) -> EpochRow:
     )
 
 
-def test_background_syncs_then_the_final_one_deliver_every_epoch_once(tracker):
+def test_pushes_as_the_epochs_come_deliver_every_epoch_once(tracker):
     history = []
     for n in (1, 2, 3):
         history.append(epoch(n))
-        tracker.publish_soon(history)  # returns at once; a push still running takes it next
-    assert tracker.publish(history, status="FINISHED")  # waits for the background push first
+        tracker.publish(history)  # each push carries every epoch so far
+    tracker.publish(history, status="FINISHED")
     client = MlflowClient()
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"
     steps = [m.step for m in client.get_metric_history(tracker.run_id, "test_acc")]
-    assert sorted(steps) == [1, 2, 3]
-
-
-def test_an_epoch_asked_for_while_the_run_opens_arrives_without_another_push(tmp_path, monkeypatch):
-    """The writer may hold after its first epoch (a fault, a slow step): that epoch must reach
-    MLflow though no later push comes to carry it."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = MlflowTracker(
-        tmp_path / "run.json", new_record("f", "tests", "run", {}, {}), fresh=True
-    )
-    opening = threading.Event()
-    tracker.open_soon([], then=opening.wait)  # the open's thread busy until released
-    tracker.publish_soon([epoch(1)])
-    opening.set()
-    client = MlflowClient()
-    wait_for(
-        lambda: tracker.run_id and client.get_metric_history(tracker.run_id, "test_acc"),
-        60,
-        "epoch 1 in MLflow",
-    )
-    tracker.close()
+    assert steps == [1, 2, 3]
 
 
 def test_a_run_shorter_than_the_sampling_interval_still_gets_system_metrics(tracker):
-    # MLflow publishes only whole sampling windows; the tracker logs the open one at the end
-    tracker.start_system_metrics(60.0, gpu_uuids=None, resume=False)
-    tracker.close()
+    # MLflow publishes only whole sampling windows; the publisher logs the open one at the end
+    from pipeline.tracking.store import tracking_uri
+    from pipeline.tracking.system_metrics import publish_final_sample, system_metrics_monitor
+
+    monitor = system_metrics_monitor(tracker.run_id, 60.0, None, False, tracking_uri())
+    monitor.start()
+    publish_final_sample(monitor)
     tracker.publish([], status="FINISHED")
     run = MlflowClient().get_run(tracker.run_id)
     assert "system/cpu_utilization_percentage" in run.data.metrics
@@ -91,9 +72,7 @@ def test_statuses_follow_the_stage_and_a_resumed_run_runs_again(tracker, tmp_pat
     assert client.get_run(tracker.run_id).info.status == "RUNNING"
     tracker.publish([epoch(1)], status="KILLED")  # SIGTERM: checkpointed, to be resumed
     assert client.get_run(tracker.run_id).info.status == "KILLED"
-    resumed = MlflowTracker(
-        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=False
-    )
+    resumed = KeptRecord(tmp_path / "run.json", fresh=False)
     resumed.publish([epoch(1)])
     assert resumed.run_id == tracker.run_id
     assert client.get_run(tracker.run_id).info.status == "RUNNING"
@@ -106,13 +85,12 @@ def test_a_fresh_start_of_the_same_identity_gets_a_run_of_its_own(tracker, tmp_p
     a new MLflow run with its own epochs and artifacts; the old one stays as it ended."""
     client = MlflowClient()
     tracker.publish([epoch(1), epoch(2)], status="FINISHED")
-    again = MlflowTracker(
-        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=True
-    )
+    first = tracker.run_id
+    again = KeptRecord(tmp_path / "run.json", fresh=True)
     again.publish([epoch(1)])
-    assert again.run_id != tracker.run_id
-    assert client.get_run(tracker.run_id).info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(tracker.run_id, "test_acc")] == [1, 2]
+    assert again.run_id != first
+    assert client.get_run(first).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(first, "test_acc")] == [1, 2]
     assert [m.step for m in client.get_metric_history(again.run_id, "test_acc")] == [1]
 
 
@@ -121,47 +99,6 @@ def test_epochs_are_stamped_when_they_ended_not_when_they_were_pushed(tracker):
     tracker.publish([epoch(1, ended[0]), epoch(2, ended[1])])
     history = MlflowClient().get_metric_history(tracker.run_id, "test_acc")
     assert [m.timestamp for m in history] == [int(t * 1000) for t in ended]
-
-
-def test_step_metrics_reach_the_run_at_their_steps_before_its_final_status(tracker):
-    for step in (50, 100, 150):
-        tracker.log_steps_soon(step, {"step_train_loss": 1 / step}, 1_700_000_000_000 + step)
-    tracker.publish([epoch(1)], status="FINISHED")  # gives the queued points their moment
-    client = MlflowClient()
-    logged = client.get_metric_history(tracker.run_id, "step_train_loss")
-    assert [(m.step, m.value, m.timestamp) for m in logged] == [
-        (s, 1 / s, 1_700_000_000_000 + s) for s in (50, 100, 150)
-    ]
-    assert [m.step for m in client.get_metric_history(tracker.run_id, "test_acc")] == [1]
-
-
-def test_step_metrics_never_wait_for_an_mlflow_that_is_away(tmp_path, monkeypatch, capsys):
-    from pipeline.tracking.step_metrics import QUEUED_AT_MOST, StepMetrics
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
-    steps = StepMetrics(lambda: "0" * 32)
-    for step in range(3 * QUEUED_AT_MOST):  # more than it keeps: the rest are dropped
-        steps.log_soon(step, {"step_train_loss": 1.0}, 0)
-    assert steps.queue.qsize() <= QUEUED_AT_MOST
-    for _ in range(2):
-        steps.flush(30.0)  # returns once the points were tried (refused at once here)
-        steps.log_soon(0, {"step_train_loss": 1.0}, 0)
-    steps.flush(30.0)
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "MLflow step metrics not logged" in warnings[0]
-    assert steps.queue.qsize() == 0
-
-
-def test_step_metrics_wait_for_the_run_to_exist():
-    from pipeline.tracking.step_metrics import StepMetrics
-
-    steps = StepMetrics(lambda: None)  # the server was away at the start: no run yet
-    steps.log_soon(10, {"step_train_loss": 1.0}, 0)
-    steps.flush(30.0)  # dropped without a word, nothing sent anywhere
-    assert steps.queue.qsize() == 0 and not steps.warned
 
 
 def test_a_finished_run_keeps_its_start_and_end_when_its_stage_runs_again(tracker, tmp_path):
@@ -174,9 +111,7 @@ def test_a_finished_run_keeps_its_start_and_end_when_its_stage_runs_again(tracke
     history = [epoch(1, started / 1000 + 1.0), epoch(2, last_epoch_ended)]
     tracker.publish(history, status="FINISHED")
     assert client.get_run(tracker.run_id).info.end_time == int(last_epoch_ended * 1000)
-    again = MlflowTracker(
-        tmp_path / "run.json", new_record("f", "tests", "run", {}, {"lr": 0.1}), fresh=False
-    )
+    again = KeptRecord(tmp_path / "run.json", fresh=False)
     again.publish(history)
     assert client.get_run(tracker.run_id).info.status == "RUNNING"  # its stage runs again
     again.publish(history, status="FINISHED")
@@ -225,9 +160,7 @@ def test_compare_again_over_the_same_runs_keeps_one_parent(tracker, tmp_path):
     assert tags["speed_note"] == note["speed_note"]
     assert tags["mlflow.parentRunId"] == parents[0]
     # a new run of the strategy: a new comparison, and the old parent, now empty, goes
-    newer = MlflowTracker(
-        tmp_path / "run2.json", new_record("g", "tests", "run", {}, {"lr": 0.2}), fresh=True
-    )
+    newer = KeptRecord(tmp_path / "run2.json", "g", params={"lr": 0.2})
     newer.publish([])
     newer_comparison = open_comparison("tests", [newer.run_id], {}, {})
     parent = newer_comparison.parent_id
@@ -251,9 +184,7 @@ def test_the_comparison_carries_its_runs_torch_stack_not_its_own(tracker, tmp_pa
     from pipeline.tracking.comparison_run import open_comparison
     from pipeline.tracking.provenance import TORCH_STACK
 
-    other = MlflowTracker(
-        tmp_path / "run2.json", new_record("h", "tests", "ddp", {}, {}), fresh=True
-    )
+    other = KeptRecord(tmp_path / "run2.json", "h", "ddp", params={})
     other.publish([])
     client = MlflowClient()
     stacks = [
@@ -273,9 +204,7 @@ def test_the_comparison_carries_its_runs_torch_stack_not_its_own(tracker, tmp_pa
         "nvidia_driver": "580.65.06",
     }
     # a run logged without them: this machine's own
-    bare = MlflowTracker(
-        tmp_path / "run3.json", new_record("i", "tests", "fsdp", {}, {}), fresh=True
-    )
+    bare = KeptRecord(tmp_path / "run3.json", "i", "fsdp", params={})
     bare.publish([])
     parent = open_comparison("tests", [bare.run_id], {}, {}).parent_id
     assert client.get_run(parent).data.tags["torch"] == torch.__version__
