@@ -1,1 +1,0 @@
-../../../pipeline/tracking/relay.py

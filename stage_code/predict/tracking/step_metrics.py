@@ -1,1 +1,0 @@
-../../../pipeline/tracking/step_metrics.py

@@ -1,0 +1,1 @@
+../../../pipeline/tracking/stream.py

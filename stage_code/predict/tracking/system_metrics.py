@@ -1,1 +1,0 @@
-../../../pipeline/tracking/system_metrics.py
