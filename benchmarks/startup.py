@@ -28,8 +28,8 @@ the stage's own cost: its wall time less the seconds it spends timing steps (pro
 counted by a wrapper). The link this machine measures is kept after the first stage
 (pipeline/scaling/kept_link.py), as in `dvc repro`: each run says whether it read it back.
 Each round also times the floor under a predict stage: python and the stage's imports.
-`--ref DIR` runs the predict stages and quickstarts of another checkout (the code before a
-change) in turn with this one's, in the same sitting, so that both see the same load:
+`--ref DIR` runs the train stages, predict stages and quickstarts of another checkout (the
+code before a change) in turn with this one's, in the same sitting, so that both see the same load:
 their medians side by side, and the ratios. Every run notes the machine's load average.
 """
 
@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     label, info = machine(torch_device())
     runs: dict[str, list[dict[str, float]]] = {}
+    ref_runs: dict[str, list[dict[str, float]]] = {}  # the same train stages of --ref
     predicts: dict[str, dict[str, list[dict[str, float]]]] = {}
     floors_import: dict[str, list[float]] = {}
     quickstarts: dict[str, list[dict[str, float]]] = {}
@@ -276,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
         for copy in projects.values():
             subprocess.run([sys.executable, "-m", "pipeline.fetch"], cwd=copy, check=True)
         timeline = Path(tmp) / "timeline.txt"
-        one_run(project, "single", "fork", timeline)  # the store's tables, the file cache
+        for copy in projects.values():  # the store's tables, the file cache
+            one_run(copy, "single", "fork", timeline)
         floors = []
         for i in range(max(args.runs, args.predict)):  # a round: train stages, then predict
             for _ in range(1 if i < args.runs else 0):
@@ -287,12 +289,15 @@ def main(argv: list[str] | None = None) -> dict:
                 )
             for strategy in args.strategies if i < args.runs else []:
                 for start in ("fork", "spawn"):  # taking turns: load affects both alike
-                    phases = one_run(project, strategy, start, timeline)
-                    runs.setdefault(f"{strategy}/{start}", []).append(phases)
-                    fixed = phase_sum(phases) - phases[TRAINING]
-                    print(
-                        f"startup: {strategy} {start} run {i + 1}: fixed {fixed:.2f} s", flush=True
-                    )
+                    for key, copy in turns(projects, i):  # and this and ref take turns
+                        phases = one_run(copy, strategy, start, timeline)
+                        kept = runs if key == "this" else ref_runs
+                        kept.setdefault(f"{strategy}/{start}", []).append(phases)
+                        fixed = phase_sum(phases) - phases[TRAINING]
+                        print(
+                            f"startup: {strategy} {start} ({key}) run {i + 1}: fixed {fixed:.2f} s",
+                            flush=True,
+                        )
             if i >= args.predict:
                 continue
             for key, copy in turns(projects, i):  # this and ref take turns, first in turn
@@ -348,6 +353,19 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.ref:
         result["ref"] = str(args.ref.resolve())
+        result["ref_train_stages"] = {  # in turn with this checkout's, the same settings
+            "median_fixed_s": {
+                key: statistics.median(phase_sum(r) - r[TRAINING] for r in rows)
+                for key, rows in ref_runs.items()
+            },
+            "median_wall_s": {
+                key: statistics.median(phase_sum(r) for r in rows) for key, rows in ref_runs.items()
+            },
+            "median_first_step_s": {
+                key: statistics.median(map(to_first_step, rows)) for key, rows in ref_runs.items()
+            },
+            "runs": ref_runs,
+        }
     if predicts:
         result["predict"] = {
             "settings": {"overrides": PREDICT, "strategies": args.predict_strategies},

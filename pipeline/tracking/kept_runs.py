@@ -1,11 +1,13 @@
-"""Pushing to MLflow what the train stages kept locally while the tracking server was away,
-and the final models, which the compare and publish stages log (`log_final_models`).
+"""A strategy's run as its files keep it (`kept_run`), and the one way it goes to MLflow
+(`publish_strategy`): the stage's publisher pushes it as the run goes (publisher.py),
+`python -m pipeline.publish` after an outage or for another store, and the compare and
+publish stages with the final models (`log_final_models`).
 
 Each writer keeps its run's identity, params, tags and status in checkpoints/<strategy>/run.json
-and its per-epoch history in the checkpoint record (latest.json); `publish_strategy` hands them
-to the same idempotent push the stage uses: it creates a missing run, logs the epochs MLflow
-lacks (never twice), uploads the artifacts and sets the status. The three files must belong
-to the same run (the same fingerprint): anything else is refused, never mixed.
+and its per-epoch history in the checkpoint record (latest.json); the push creates a missing
+run, logs the epochs MLflow lacks (never twice), uploads the artifacts and sets the status.
+The files must belong to the same run (the same fingerprint): anything else is refused, never
+mixed.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from support import free_port, project_env, run
 
@@ -40,6 +41,13 @@ def test_the_legacy_launcher_runs_a_two_process_ddp_job(fetched_project, use_env
     assert "unrecognized arguments" not in proc.stdout + proc.stderr
     done = summary(project)
     assert done["world_size"] == 2 and done["epochs"] == 1, done
+    # workers of the user's own launcher have no MLflow publisher: the run says what pushes it
+    assert "`python -m pipeline.publish` pushes it" in proc.stdout
+    run(project, "python", "-m", "pipeline.publish", "strategies=[ddp]")
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    (pushed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert pushed.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(pushed.info.run_id, "test_acc")] == [1]
 
 
 def test_srun_tasks_form_the_process_group_from_slurm_variables(fetched_project):

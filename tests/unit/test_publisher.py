@@ -261,3 +261,17 @@ def test_a_publisher_whose_launcher_is_gone_pushes_what_came_and_ends(project):
     run_id = read_record(record_path())["run_id"]
     assert MlflowClient().get_run(run_id).info.status == RUNNING
     assert [m.step for m in MlflowClient().get_metric_history(run_id, "test_acc")] == [1]
+
+
+def test_the_training_code_never_imports_mlflow():
+    """A worker's modules (its session, recorder, trainer and the stream it appends to) load
+    without MLflow: only the publisher process talks to the server."""
+    code = (
+        "import sys\n"
+        "import pipeline.launch.worker, pipeline.training.session, pipeline.recording.recorder\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.strip() == "[]"
