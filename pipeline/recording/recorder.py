@@ -174,7 +174,7 @@ class RunRecorder:
 
     def epoch_done(self, row: EpochRow) -> None:
         """`row` is in the history already (a checkpoint may have saved it): history.csv,
-        publish, log."""
+        the stream (the publisher pushes it at once), the log line."""
         self._write_history()
         if self.live is not None:
             stream.epoch_ended(self.live, row)

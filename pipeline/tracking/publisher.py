@@ -47,7 +47,7 @@ from pipeline.errors import (
 from pipeline.files import atomic_write
 from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RESULTS, RUN_RECORD, SUMMARY
 from pipeline.timeline import PUBLISHER_CPU, mark
-from pipeline.tracking.kept_runs import KeptRun, kept_run
+from pipeline.tracking.kept_runs import kept_run
 from pipeline.tracking.mlflow_run import RUNNING, publish_run, read_record, write_record
 from pipeline.tracking.preload import client_code
 from pipeline.tracking.store import (
@@ -122,21 +122,25 @@ class Follower:
     def push(
         self, ended: str, wait_s: float = 0.0, give_up: Callable[[], bool] = lambda: False
     ) -> bool:
-        """Push what MLflow lacks; True when nothing is left pending. Within `wait_s` it tries
-        again every RETRY_S; never raises on an outage (a full local disk does raise)."""
+        """Push what MLflow lacks; True when nothing is left pending. The run's status is
+        kept in its run.json first, so a push that fails leaves it for `python -m
+        pipeline.publish`. Within `wait_s` it tries again every RETRY_S; never raises on an
+        outage (a full local disk does raise)."""
+        try:
+            run = kept_run(self.name, ended, list(self.read.epochs.values()))
+        except UserError as err:  # the run's files disagree: the next stage says so
+            print(f"warning: MLflow run of {self.name} not pushed: {err}", file=sys.stderr)
+            return False
+        if run is None:
+            return True
+        save = partial(write_record, run.record_path, run.record)
+        if run.record["status"] != read_record(run.record_path).get("status"):
+            save()
         deadline = time.monotonic() + wait_s
-        run: KeptRun | None = None
         while True:
             try:
-                run = kept_run(self.name, ended, list(self.read.epochs.values()))
-                if run is None:
-                    return True
-                save = partial(write_record, run.record_path, run.record)
                 publish_run(run.record, run.history, run.artifacts, save=save)
                 return True
-            except UserError as err:  # the run's files disagree: the next stage says so
-                print(f"warning: MLflow run of {self.name} not pushed: {err}", file=sys.stderr)
-                return False
             except OSError as err:
                 if out_of_space(err) is not None:
                     raise  # no outage: a full disk here, no retry mends (the caller says so)
@@ -153,8 +157,8 @@ class Follower:
                 break
         print(
             f"warning: MLflow at {tracking_uri()} unreachable ({failure}); kept locally, "
-            f"pending: {run.pending() if run else 'the run'}; retrying at the next epoch, at "
-            "the end of the stage, or run `python -m pipeline.publish`",
+            f"pending: {run.pending()}; retrying at the next epoch, at the end of the stage, "
+            "or run `python -m pipeline.publish`",
             file=sys.stderr,
             flush=True,
         )

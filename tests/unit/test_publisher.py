@@ -234,6 +234,8 @@ def test_a_stop_the_launcher_saw_makes_the_final_push_one_try(tmp_path, monkeypa
         assert publisher.finish(KILLED, give_up=True) is None
         assert publisher.process.exitcode == 0
     assert "unreachable" in capfd.readouterr().err
+    # kept for `python -m pipeline.publish`, which pushes it once the server is back
+    assert read_record(record_path())["status"] == KILLED
 
 
 def test_a_publisher_whose_launcher_is_gone_pushes_what_came_and_ends(project):
