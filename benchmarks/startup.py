@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,21 @@ def one_quickstart(project: Path) -> dict[str, float]:
     return {"wall": wall, **steps, "load": (before + load()) / 2}
 
 
+def stage_medians(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each strategy/start's medians over its runs: the fixed cost, the wall time, the MLflow
+    publisher's CPU beside the phases (at idle priority: issue 51) and the first step."""
+
+    def median(of: Callable[[dict[str, float]], float]) -> dict[str, float]:
+        return {key: statistics.median(map(of, rows)) for key, rows in runs.items()}
+
+    return {
+        "median_fixed_s": median(lambda r: phase_sum(r) - r[TRAINING]),
+        "median_wall_s": median(phase_sum),
+        "median_publisher_cpu_s": median(lambda r: r[PUBLISHER_CPU]),
+        "median_first_step_s": median(to_first_step),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -328,20 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
         "date": date.today().isoformat(),
         "settings": {"runs": args.runs, "overrides": TINY},
         "median_s": medians,
-        "median_fixed_s": {
-            key: statistics.median(phase_sum(r) - r[TRAINING] for r in rows)
-            for key, rows in runs.items()
-        },
-        "median_wall_s": {
-            key: statistics.median(phase_sum(r) for r in rows) for key, rows in runs.items()
-        },
-        # the stage's MLflow publisher beside the phases, at idle priority (issue 51)
-        "median_publisher_cpu_s": {
-            key: statistics.median(r[PUBLISHER_CPU] for r in rows) for key, rows in runs.items()
-        },
-        "median_first_step_s": {
-            key: statistics.median(map(to_first_step, rows)) for key, rows in runs.items()
-        },
+        **stage_medians(runs),
         "runs": runs,
         "floor": {
             # --runs 0 (predict stages and quickstarts only) times no floor
@@ -353,19 +356,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if args.ref:
         result["ref"] = str(args.ref.resolve())
-        result["ref_train_stages"] = {  # in turn with this checkout's, the same settings
-            "median_fixed_s": {
-                key: statistics.median(phase_sum(r) - r[TRAINING] for r in rows)
-                for key, rows in ref_runs.items()
-            },
-            "median_wall_s": {
-                key: statistics.median(phase_sum(r) for r in rows) for key, rows in ref_runs.items()
-            },
-            "median_first_step_s": {
-                key: statistics.median(map(to_first_step, rows)) for key, rows in ref_runs.items()
-            },
-            "runs": ref_runs,
-        }
+        # in turn with this checkout's, the same settings
+        result["ref_train_stages"] = {**stage_medians(ref_runs), "runs": ref_runs}
     if predicts:
         result["predict"] = {
             "settings": {"overrides": PREDICT, "strategies": args.predict_strategies},
