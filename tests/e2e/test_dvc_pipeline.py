@@ -305,9 +305,9 @@ def test_a_code_edit_retrains_or_hands_on_the_same_numbers(repro, tmp_path):
     metrics_json = (project / "results/single/metrics.json").read_text()
 
     edit(
-        project / "pipeline/tracking/mlflow_run.py",
-        "STEP_METRICS_FLUSH_S = 2.0\n",
-        "STEP_METRICS_FLUSH_S = 1.0\n",
+        project / "pipeline/tracking/publisher.py",
+        "RETRY_S = 5.0  #",
+        "RETRY_S = 4.0  #",
     )
     again = dvc(project, "repro", "train@single")
     assert "Running stage 'train@single'" in again.stdout  # a dependency changed
