@@ -45,10 +45,10 @@ from pipeline.errors import (
     out_of_space,
 )
 from pipeline.files import atomic_write
-from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RESULTS, RUN_RECORD, SUMMARY
+from pipeline.results import CHECKPOINT_RECORD, CHECKPOINTS, RESULTS, SUMMARY
 from pipeline.timeline import PUBLISHER_CPU, mark
 from pipeline.tracking.kept_runs import kept_run
-from pipeline.tracking.mlflow_run import RUNNING, publish_run, read_record, write_record
+from pipeline.tracking.mlflow_run import RUNNING, publish_run, write_record
 from pipeline.tracking.preload import client_code
 from pipeline.tracking.store import (
     client,
@@ -85,6 +85,8 @@ class Follower:
         self.name, self.stream, self.stop = name, stream, stop
         self.read = Read()
         self.seen: tuple[Any, ...] | None = None  # the files as they were at the last push
+        # the run's id in the store MLflow is pointed at, once a push of this stage made it
+        self.run_id: str | None = None
         self.monitor: Any = None  # MLflow's system-metrics sampler, once the run exists
         self.client: Any = None  # for the step metrics
         self.steps_warned = False
@@ -118,6 +120,7 @@ class Follower:
             return
         self.send_points()  # before the final status
         self.push(ended, wait_s, lambda: give_up or self.stop.is_set())
+        self.send_points()  # those still waiting for the run to exist
 
     def push(
         self, ended: str, wait_s: float = 0.0, give_up: Callable[[], bool] = lambda: False
@@ -134,12 +137,12 @@ class Follower:
         if run is None:
             return True
         save = partial(write_record, run.record_path, run.record)
-        if run.record["status"] != read_record(run.record_path).get("status"):
-            save()
+        save()  # its status first, whatever becomes of the push
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 publish_run(run.record, run.history, run.artifacts, save=save)
+                self.run_id = run.record["run_id"]  # in this store: publish_run made sure
                 return True
             except OSError as err:
                 if out_of_space(err) is not None:
@@ -164,20 +167,10 @@ class Follower:
         )
         return False
 
-    def run_id(self) -> str | None:
-        """The run's MLflow id in the store MLflow is pointed at, once a push made it."""
-        record = read_record(CHECKPOINTS / self.name / RUN_RECORD)
-        if record.get("tracking_uri") != tracking_uri() or self.read.head is None:
-            return None
-        if record.get("fingerprint") != self.read.head.fingerprint:
-            return None
-        run_id: str | None = record.get("run_id")
-        return run_id
-
     def start_system_metrics(self) -> None:
         """MLflow's own sampler (CPU, memory, disk, network and, through NVML, GPU utilisation
         and memory) logging `system/...` into the run every head.system_metrics_s seconds."""
-        head, run_id = self.read.head, self.run_id()
+        head, run_id = self.read.head, self.run_id
         if self.monitor is not None or head is None or head.system_metrics_s is None:
             return
         if run_id is None:
@@ -198,9 +191,7 @@ class Follower:
     def send_points(self) -> None:
         """The step metrics that came, in batches; they wait for the run to exist in MLflow. A
         failed send is dropped with one warning: a live chart, never the record."""
-        points, run_id = self.read.points, None
-        if points:
-            run_id = self.run_id()
+        points, run_id = self.read.points, self.run_id
         if not points or run_id is None:
             return
         self.read.points = []
