@@ -72,7 +72,7 @@ def new_record(
     }
 
 
-def open_record(path: Path, new: dict[str, Any], fresh: bool) -> dict[str, Any]:
+def open_record(path: Path, new: dict[str, Any], fresh: bool) -> None:
     """The writer's run.json as its run starts, no MLflow involved. `new`: the record of this
     run were it new (`new_record`). `fresh`: the run trains from its first step. Where the
     last run had the same fingerprint and ended (its checkpoints were deleted, say), it gets
@@ -85,7 +85,6 @@ def open_record(path: Path, new: dict[str, Any], fresh: bool) -> dict[str, Any]:
         record = new
     record["status"] = RUNNING
     write_record(path, record)
-    return record
 
 
 def mark_status(path: Path, status: str) -> None:

@@ -82,12 +82,11 @@ class Read:
     points: list[Point] = field(default_factory=list)  # step metrics not sent yet
     offset: int = 0
 
-    def take(self, path: Path, keep_at_most: int) -> bool:
-        """The lines appended since the last call; True if an epoch ended meanwhile. Step
-        points past `keep_at_most` waiting to be sent are dropped: a live view, never the
-        record, and MLflow away must not make the publisher grow."""
+    def take(self, path: Path, keep_at_most: int) -> None:
+        """Take in the lines appended since the last call. Step points past `keep_at_most`
+        waiting to be sent are dropped: a live view, never the record, and MLflow away must
+        not make the publisher grow."""
         lines, self.offset = read_lines(path, self.offset)
-        new_epoch = False
         for line in lines:
             if "head" in line:
                 self.head = Head(**line["head"])
@@ -95,9 +94,6 @@ class Read:
                 row = EpochRow.from_record(line["epoch"])
                 # an epoch redone after a restart: MLflow keeps the first, as a push never
                 # logs an epoch twice
-                if row.epoch not in self.epochs:
-                    self.epochs[row.epoch] = row
-                    new_epoch = True
+                self.epochs.setdefault(row.epoch, row)
             elif len(self.points) < keep_at_most:
                 self.points.append((line["step"], line["metrics"], line["at"]))
-        return new_epoch
